@@ -1,0 +1,5 @@
+import sys
+
+from spoolfs.cli import main
+
+sys.exit(main())
