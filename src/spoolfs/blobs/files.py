@@ -1,0 +1,106 @@
+"""Blob files are immutable and named ``blobs/ab/cd/<sha256>.<blob id>``: the id makes a file
+that is being deleted (its last reference gone) distinct from a later blob of the same content,
+so deleting after the commit can never remove live data. Small blobs live inline in the
+metadata store and never touch this directory.
+
+Staging files ``staging/<entry id>`` hold the content of uploads until it is sealed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+CHUNK = 1 << 20
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def hash_file(fd: int) -> tuple[bytes, int]:
+    """SHA-256 and size of an open file, read from the start."""
+    h = hashlib.sha256()
+    off = 0
+    while True:
+        chunk = os.pread(fd, CHUNK, off)
+        if not chunk:
+            return h.digest(), off
+        h.update(chunk)
+        off += len(chunk)
+
+
+class BlobDir:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+
+    def path(self, sha256: bytes, blob_id: int) -> str:
+        hexd = sha256.hex()
+        return os.path.join(self.root, hexd[:2], hexd[2:4], f"{hexd}.{blob_id}")
+
+    def place(self, src: str, sha256: bytes, blob_id: int) -> str:
+        """Hard-link an fsynced staging file into place and make the new entry durable. The
+        staging file stays, so a rolled-back transaction loses nothing."""
+        dst = self.path(sha256, blob_id)
+        d = os.path.dirname(dst)
+        if not os.path.isdir(d):
+            os.makedirs(d, exist_ok=True)
+            fsync_dir(os.path.dirname(d))
+            fsync_dir(self.root)
+        try:
+            os.link(src, dst)
+        except FileExistsError:  # left by a rolled-back transaction that had this id
+            os.unlink(dst)
+            os.link(src, dst)
+        fsync_dir(d)
+        return dst
+
+    def remove(self, sha256: bytes, blob_id: int) -> None:
+        try:
+            os.unlink(self.path(sha256, blob_id))
+        except FileNotFoundError:
+            pass
+
+    def walk(self) -> list[tuple[str, bytes, int]]:
+        """Every blob file: (path, sha256, id). Files with other names are reported with id -1."""
+        out = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            for f in files:
+                p = os.path.join(dirpath, f)
+                hexd, _, bid = f.partition(".")
+                try:
+                    out.append((p, bytes.fromhex(hexd), int(bid)))
+                except ValueError:
+                    out.append((p, b"", -1))
+        return out
+
+
+class StagingDir:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+
+    def path(self, entry_id: int) -> str:
+        return os.path.join(self.root, str(entry_id))
+
+    def open(self, entry_id: int, create: bool = False) -> int:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        return os.open(self.path(entry_id), flags, 0o600)
+
+    def remove(self, entry_id: int) -> None:
+        try:
+            os.unlink(self.path(entry_id))
+        except FileNotFoundError:
+            pass
+
+    def ids(self) -> list[int]:
+        out = []
+        for f in os.listdir(self.root):
+            if f.isdigit():
+                out.append(int(f))
+        return out

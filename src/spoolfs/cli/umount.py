@@ -1,0 +1,50 @@
+"""``spoolfs umount MOUNTPOINT``: unmount and wait until the daemon has flushed and exited."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+
+from spoolfs.core.errors import UserError
+from spoolfs.runtime import pidfile
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def run(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="spoolfs umount")
+    p.add_argument("mountpoint")
+    p.add_argument("--timeout", type=float, default=60.0)
+    args = p.parse_args(argv)
+    mp = os.path.abspath(args.mountpoint)
+    pid = None
+    try:
+        with open(pidfile(mp)) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        pass
+    if not os.path.ismount(mp):
+        raise UserError(f"{mp} is not mounted")
+    res = subprocess.run(["fusermount3", "-u", mp], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise UserError(f"cannot unmount {mp}: {res.stderr.strip()}")
+    deadline = time.monotonic() + args.timeout
+    while pid is not None and _alive(pid):
+        if time.monotonic() > deadline:
+            raise UserError(f"daemon {pid} did not exit within {args.timeout:.0f}s")
+        time.sleep(0.02)
+    return 0

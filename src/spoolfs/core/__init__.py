@@ -1,0 +1,1 @@
+"""The pure core: states, the transition table, names and errors. Standard library only."""

@@ -1,0 +1,82 @@
+"""Errors that carry the errno a caller sees, and a hint for the log line.
+
+One class per kind of refusal; the FUSE layer maps ``SpoolError.errno`` to ``FUSEError`` and
+the command line maps ``UserError`` to one printed line and an exit code.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class SpoolError(Exception):
+    """A refused operation. Nothing was changed when this is raised."""
+
+    errno: int = _errno.EIO
+
+    def __init__(self, hint: str = "") -> None:
+        super().__init__(hint)
+        self.hint = hint
+
+
+class NotFound(SpoolError):
+    errno = _errno.ENOENT
+
+
+class Exists(SpoolError):
+    errno = _errno.EEXIST
+
+
+class NotPermitted(SpoolError):
+    errno = _errno.EPERM
+
+
+class Invalid(SpoolError):
+    errno = _errno.EINVAL
+
+
+class NotEmpty(SpoolError):
+    errno = _errno.ENOTEMPTY
+
+
+class NameTooLong(SpoolError):
+    errno = _errno.ENAMETOOLONG
+
+
+class NoSpace(SpoolError):
+    errno = _errno.ENOSPC
+
+
+class AccessDenied(SpoolError):
+    errno = _errno.EACCES
+
+
+class NotSupported(SpoolError):
+    errno = _errno.EOPNOTSUPP
+
+
+class IsADirectory(SpoolError):
+    errno = _errno.EISDIR
+
+
+class NotADirectory(SpoolError):
+    errno = _errno.ENOTDIR
+
+
+class NoAttribute(SpoolError):
+    errno = _errno.ENODATA
+
+
+class StoreFailure(SpoolError):
+    """The store failed (I/O error, database down): EIO, and the transaction rolled back."""
+
+    errno = _errno.EIO
+
+
+class UserError(Exception):
+    """A command-line failure: one line for the user and the process exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code

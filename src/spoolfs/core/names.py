@@ -1,0 +1,34 @@
+"""Names: queue and consumer names, message names as bytes."""
+
+from __future__ import annotations
+
+import re
+
+from spoolfs.core.errors import Invalid, NameTooLong, NotPermitted
+
+NAME_MAX = 255
+_IDENT = re.compile(rb"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_message_name(name: bytes) -> bytes:
+    """Message names are any bytes but ``/`` and NUL, at most 255 bytes (the kernel lets longer
+    names through, so the daemon checks)."""
+    if len(name) > NAME_MAX:
+        raise NameTooLong(f"name of {len(name)} bytes exceeds {NAME_MAX}")
+    if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
+        raise Invalid(f"invalid name {name!r}")
+    return name
+
+
+def check_ident(name: bytes, what: str) -> str:
+    """Queue and consumer names: 1-64 bytes of ``[A-Za-z0-9._-]``, not starting with a dot."""
+    if len(name) > NAME_MAX:
+        raise NameTooLong(f"{what} name of {len(name)} bytes exceeds {NAME_MAX}")
+    if not _IDENT.fullmatch(name) or name.startswith(b"."):
+        raise NotPermitted(f"invalid {what} name {name!r}: 1-64 of [A-Za-z0-9._-], no leading dot")
+    return name.decode("ascii")
+
+
+def is_staging_name(name: bytes) -> bool:
+    """A leading dot in ``ready/`` marks an upload under a staging name: never claimable."""
+    return name.startswith(b".")

@@ -1,0 +1,119 @@
+"""Wiring: open the store, recover, mount, run the loop and background tasks, unmount cleanly."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+from collections.abc import Callable
+
+import pyfuse3
+import trio
+
+from spoolfs.core.errors import UserError
+from spoolfs.core.names import check_ident
+from spoolfs.fuse.ops import Operations
+from spoolfs.runtime import pidfile
+from spoolfs.service.recovery import recover
+from spoolfs.service.spool import Spool, Who
+from spoolfs.store.sqlite import open_store
+
+log = logging.getLogger("spoolfs")
+
+
+def _queue_root(spool: Spool, name: str) -> int:
+    """The entry a ``--queue`` mount is rooted at, created on first use."""
+    raw = name.encode()
+    check_ident(raw, "queue")
+    e = spool.r.lookup(1, raw)
+    if e is None:
+        trio.run(spool.mkdir, 1, raw, 0o755, Who(os.getuid(), os.getgid(), os.getpid()))
+        e = spool.r.lookup(1, raw)
+        assert e is not None
+    if e.kind != "queue":
+        raise UserError(f"{name} is not a queue")
+    return e.id
+
+
+def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str],
+          on_ready: Callable[[], None] = lambda: None) -> None:
+    """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live."""
+    try:
+        store = open_store(store_dir)
+    except Exception as e:
+        raise UserError(f"cannot open store {store_dir}: {e}") from e
+    spool = Spool(store, store_dir)
+    try:
+        recover(spool)
+        root_id = _queue_root(spool, queue) if queue else 1
+        ops = Operations(spool, root_id)
+        opts = set(pyfuse3.default_options)
+        opts |= {f"fsname={store_dir}", "subtype=spoolfs"}
+        opts |= {o for o in options if o}
+        # Resolved before mounting: once mounted, any stat of the mount point waits for the
+        # event loop, which has not started yet.
+        pf = pidfile(mountpoint)
+        try:
+            pyfuse3.init(ops, mountpoint, opts)
+        except RuntimeError as e:
+            raise UserError(f"cannot mount {mountpoint}: {e}") from e
+        try:
+            os.makedirs(os.path.dirname(pf), exist_ok=True)
+            with open(pf, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            log.info("spoolfs: mounted %s on %s (pid %d)", store_dir, mountpoint, os.getpid())
+            try:
+                trio.run(_main, spool, on_ready)
+            finally:
+                pyfuse3.close(unmount=True)
+        finally:
+            try:
+                os.unlink(pf)
+            except FileNotFoundError:
+                pass
+    finally:
+        store.close()
+        log.info("spoolfs: %s unmounted, store closed", mountpoint)
+
+
+async def _main(spool: Spool, on_ready: Callable[[], None]) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(spool.committer.run)
+        signals = trio.CancelScope()
+        nursery.start_soon(_signals, signals)
+        on_ready()
+        try:
+            await pyfuse3.main()
+        finally:
+            signals.cancel()
+            spool.committer.close()  # the committer answers what it accepted, then returns
+    log.info("fuse session ended: %d commits for %d requests", spool.committer.batches,
+             spool.committer.requests)
+
+
+async def _signals(scope: trio.CancelScope) -> None:
+    with scope, trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for sig in signals:
+            log.info("received %s: unmounting", signal.Signals(sig).name)
+            pyfuse3.terminate()
+            return
+
+
+def check_mountpoint(mountpoint: str) -> str:
+    mp = os.path.abspath(mountpoint)
+    try:
+        st = os.stat(mp)
+    except FileNotFoundError:
+        raise UserError(f"mountpoint {mp} does not exist") from None
+    except OSError as e:
+        raise UserError(f"mountpoint {mp}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"mountpoint {mp} is not a directory")
+    if os.path.ismount(mp):
+        raise UserError(f"mountpoint {mp} is already mounted")
+    if os.listdir(mp):
+        raise UserError(f"mountpoint {mp} is not empty")
+    if not os.path.exists("/dev/fuse"):
+        raise UserError("/dev/fuse is missing: load the fuse module (modprobe fuse)")
+    return mp

@@ -1,0 +1,312 @@
+"""FUSE handlers: parse the request, call the service, build attributes. Nothing else.
+
+Every handler goes through ``_guard``: a ``SpoolError`` becomes its errno with one log line; any
+other exception is logged and answered with EIO (an exception escaping a pyfuse3 handler would
+leave the request unanswered and end the main loop).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import pyfuse3
+
+from spoolfs.core.errors import NotFound, SpoolError
+from spoolfs.service.content import Handle
+from spoolfs.service.spool import Spool, Who
+from spoolfs.store.base import Entry
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+#: Seconds the kernel may cache names and attributes. Other daemons on the same store see
+#: changes within this; this daemon's own changes reach the kernel through its replies.
+TIMEOUT = 1.0
+
+
+def _who(ctx: Any) -> Who:
+    return Who(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else Who()
+
+
+def _guard(fn: F) -> F:
+    @functools.wraps(fn)
+    async def wrapper(self: Operations, *args: Any) -> Any:
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except SpoolError as e:
+            if not isinstance(e, NotFound) or e.hint:
+                log.info("refused %s%s: %s (%s)", fn.__name__, self._describe(args),
+                         errno.errorcode.get(e.errno, e.errno), e.hint)
+            raise pyfuse3.FUSEError(e.errno) from None
+        except Exception:
+            log.exception("internal error in %s%s", fn.__name__, self._describe(args))
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, spool: Spool, root_id: int = 1) -> None:
+        super().__init__()
+        self.spool = spool
+        self.root_id = root_id
+        self._handles: dict[int, Handle] = {}
+        self._dirs: dict[int, list[tuple[bytes, Entry]]] = {}
+        self._next_fh = 1
+        self._lookups: dict[int, int] = {}
+        self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
+
+    # ---- inode mapping and attributes ---------------------------------------------------
+
+    def _sid(self, ino: int) -> int:
+        return self.root_id if ino == pyfuse3.ROOT_INODE else ino
+
+    def _ino(self, sid: int | None) -> int:
+        if sid is None or sid == self.root_id:
+            return pyfuse3.ROOT_INODE
+        return sid
+
+    def _describe(self, args: Sequence[Any]) -> str:
+        shown = [a for a in args if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
+        return "(" + ", ".join(repr(a) for a in shown[:4]) + ")"
+
+    def _attr(self, e: Entry, entry_timeout: float = TIMEOUT) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = self._ino(e.id)
+        a.generation = 0
+        a.entry_timeout = entry_timeout
+        a.attr_timeout = TIMEOUT if not e.staged else 0
+        a.st_mode = e.mode
+        a.st_nlink = self.spool.nlink_of(e)
+        a.st_uid = e.uid
+        a.st_gid = e.gid
+        a.st_rdev = 0
+        a.st_size = self.spool.size_of(e) if e.kind == "message" else 0
+        a.st_blksize = 4096
+        a.st_blocks = (a.st_size + 511) // 512
+        a.st_atime_ns = e.mtime_ns
+        a.st_mtime_ns = e.mtime_ns
+        a.st_ctime_ns = e.ctime_ns
+        return a
+
+    def _remember(self, e: Entry, attr: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
+        self._lookups[e.id] = self._lookups.get(e.id, 0) + 1
+        return attr
+
+    def _forget_name(self, parent: int, name: bytes) -> None:
+        """Before an entry disappears, keep its attributes for the kernel's remaining uses."""
+        e = self.spool.r.lookup(parent, name)
+        if e is not None and e.kind == "message" and self._lookups.get(e.id):
+            attr = self._attr(e)
+            attr.st_nlink = 0
+            self._gone[e.id] = attr
+
+    # ---- lookups ------------------------------------------------------------------------
+
+    @_guard
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        pid = self._sid(parent_inode)
+        if name == b".":
+            e = self.spool.get(pid)
+        elif name == b"..":
+            e = self.spool.get(pid)
+            e = self.spool.get(e.parent if e.parent is not None and pid != self.root_id else pid)
+        else:
+            e = self.spool.lookup(pid, name)
+        return self._remember(e, self._attr(e))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for ino, n in inode_list:
+            sid = self._sid(ino)
+            left = self._lookups.get(sid, 0) - n
+            if left > 0:
+                self._lookups[sid] = left
+            else:
+                self._lookups.pop(sid, None)
+                self._gone.pop(sid, None)
+
+    @_guard
+    async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        sid = self._sid(inode)
+        e = self.spool.r.get(sid)
+        if e is None:
+            gone = self._gone.get(sid)
+            if gone is not None:
+                return gone
+            raise NotFound()
+        return self._attr(e)
+
+    @_guard
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
+        mtime = None
+        if fields.update_mtime:
+            mtime = attr.st_mtime_ns
+        e = await self.spool.setattr(
+            self._sid(inode),
+            size=attr.st_size if fields.update_size else None,
+            mode=attr.st_mode if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            mtime_ns=mtime, who=_who(ctx))
+        return self._attr(e)
+
+    @_guard
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        sid = self._sid(inode)
+        # One snapshot per opendir: stable cookies, and one query for the whole listing.
+        entries = [(e.name, e) for e in self.spool.listdir(sid)]
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dirs[fh] = entries
+        return fh
+
+    @_guard
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        entries = self._dirs.get(fh, [])
+        for i in range(start_id, len(entries)):
+            name, e = entries[i]
+            if not pyfuse3.readdir_reply(token, name, self._attr(e), i + 1):
+                return
+            self._lookups[e.id] = self._lookups.get(e.id, 0) + 1
+
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    # ---- directories --------------------------------------------------------------------
+
+    @_guard
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        e = await self.spool.mkdir(self._sid(parent_inode), name, mode & ~ctx.umask, _who(ctx))
+        return self._remember(e, self._attr(e))
+
+    @_guard
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self.spool.rmdir(self._sid(parent_inode), name, _who(ctx))
+
+    @_guard
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: Any) -> None:
+        pnew = self._sid(parent_inode_new)
+        self._forget_name(pnew, name_new)
+        await self.spool.rename(self._sid(parent_inode_old), name_old, pnew, name_new,
+                                flags, _who(ctx))
+
+    @_guard
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        pid = self._sid(parent_inode)
+        self._forget_name(pid, name)
+        await self.spool.unlink(pid, name, _who(ctx))
+
+    @_guard
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        e = await self.spool.link(self._sid(inode), self._sid(new_parent_inode), new_name,
+                                  _who(ctx))
+        return self._remember(e, self._attr(e))
+
+    @_guard
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    @_guard
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        if not stat.S_ISREG(mode):
+            log.info("refused mknod(%r): EPERM (only regular files)", name)
+            raise pyfuse3.FUSEError(errno.EPERM)
+        e, h = await self.spool.create(self._sid(parent_inode), name, mode, _who(ctx))
+        await self.spool.close(h, _who(ctx))
+        return self._remember(e, self._attr(e, 0 if e.hidden else TIMEOUT))
+
+    # ---- files --------------------------------------------------------------------------
+
+    def _new_fh(self, h: Handle) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = h
+        return fh
+
+    @_guard
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: Any) -> Any:
+        e, h = await self.spool.create(self._sid(parent_inode), name, mode & ~ctx.umask,
+                                       _who(ctx))
+        # An upload into ready/ is invisible until closed: no cached name for other processes.
+        attr = self._attr(e, 0 if e.hidden else TIMEOUT)
+        return pyfuse3.FileInfo(fh=self._new_fh(h)), self._remember(e, attr)
+
+    @_guard
+    async def open(self, inode: int, flags: int, ctx: Any) -> Any:
+        acc = flags & os.O_ACCMODE
+        h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
+                                  bool(flags & os.O_TRUNC), _who(ctx))
+        # Published content never changes: the page cache may keep it.
+        return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed)
+
+    @_guard
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return self._handles[fh].read(off, size)
+
+    @_guard
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return self.spool.write(self._handles[fh], off, buf)
+
+    @_guard
+    async def flush(self, fh: int) -> None:
+        return None
+
+    @_guard
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self._handles[fh]
+        if h.fd is not None and h.writable:
+            os.fsync(h.fd)
+
+    @_guard
+    async def release(self, fh: int) -> None:
+        h = self._handles.pop(fh)
+        await self.spool.close(h, Who())
+
+    # ---- extended attributes ------------------------------------------------------------
+
+    @_guard
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if not name.startswith(b"user."):
+            # The kernel asks for security.capability on every write: answer at once.
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return self.spool.getxattr(self.spool.get(self._sid(inode)), name)
+
+    @_guard
+    async def listxattr(self, inode: int, ctx: Any) -> Any:
+        return self.spool.xattr_names(self.spool.get(self._sid(inode)))
+
+    @_guard
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        await self.spool.setxattr(self.spool.get(self._sid(inode)), name, value, _who(ctx))
+
+    @_guard
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        await self.spool.removexattr(self.spool.get(self._sid(inode)), name, _who(ctx))
+
+    @_guard
+    async def statfs(self, ctx: Any) -> Any:
+        st = self.spool.statfs()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = st.f_bsize
+        s.f_frsize = st.f_frsize
+        s.f_blocks = st.f_blocks
+        s.f_bfree = st.f_bfree
+        s.f_bavail = st.f_bavail
+        s.f_files = st.f_files
+        s.f_ffree = st.f_ffree
+        s.f_favail = st.f_favail
+        s.f_namemax = 255
+        return s

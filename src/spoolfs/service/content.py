@@ -1,0 +1,140 @@
+"""Open files: reading sealed content, writing staging files, sealing uploads into blobs."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+
+from spoolfs.blobs import BlobDir, StagingDir, hash_file
+from spoolfs.core.errors import NoSpace, StoreFailure
+from spoolfs.store.base import Entry, ReadTx, WriteTx
+
+#: Content up to this size lives inline in the metadata store: one fsync for data and metadata,
+#: and no blob files to create and delete for the typical small message.
+INLINE_MAX = 16 * 1024
+
+
+@dataclass(slots=True)
+class Sealed:
+    """Content made durable and addressed, ready to be attached in a transaction."""
+
+    sha256: bytes
+    size: int
+    data: bytes | None  # inline content, or None: the staging file becomes the blob file
+    staging_path: str
+
+
+class Handle:
+    """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
+
+    __slots__ = ("entry_id", "fd", "data", "writable", "live_size", "sealed")
+
+    def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
+                 sealed: bool = True) -> None:
+        self.entry_id = entry_id
+        self.sealed = sealed  # immutable content: the kernel may keep it cached
+        self.fd = fd
+        self.data = data
+        self.writable = writable
+        self.live_size = -1
+
+    def read(self, off: int, size: int) -> bytes:
+        if self.data is not None:
+            return self.data[off:off + size]
+        assert self.fd is not None
+        return os.pread(self.fd, size, off)
+
+    def write(self, off: int, buf: bytes) -> int:
+        assert self.fd is not None and self.writable
+        try:
+            n = os.pwrite(self.fd, buf, off)
+        except OSError as e:
+            if e.errno in (28, 122):  # ENOSPC, EDQUOT
+                raise NoSpace("store disk full") from e
+            raise StoreFailure(f"staging write failed: {e}") from e
+        self.live_size = max(self.live_size, off + n)
+        return n
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Content:
+    def __init__(self, blobs: BlobDir, staging: StagingDir) -> None:
+        self.blobs = blobs
+        self.staging = staging
+
+    def open(self, r: ReadTx, entry: Entry, writable: bool) -> Handle:
+        if entry.staged:
+            try:
+                fd = self.staging.open(entry.id, create=True)
+            except OSError as e:
+                raise StoreFailure(f"staging file of {entry.id}: {e}") from e
+            if writable:
+                # Marks the upload as in progress for recovery run by another daemon.
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            return Handle(entry.id, fd, None, writable, sealed=False)
+        if entry.blob is None:
+            return Handle(entry.id, None, b"", False)
+        blob = r.blob(entry.blob)
+        if blob is None:
+            raise StoreFailure(f"content of message {entry.id} is missing")
+        if blob.data is not None:
+            return Handle(entry.id, None, bytes(blob.data), False)
+        try:
+            fd = os.open(self.blobs.path(blob.sha256, blob.id), os.O_RDONLY)
+        except OSError as e:
+            raise StoreFailure(f"blob file of message {entry.id}: {e}") from e
+        return Handle(entry.id, fd, None, False)
+
+    def seal(self, entry_id: int) -> Sealed:
+        """Hash and fsync an upload's staging file (blocking: run off the event loop for big
+        files). The file stays where it is until the transaction that attaches it commits."""
+        path = self.staging.path(entry_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
+        try:
+            sha, size = hash_file(fd)
+            data = os.pread(fd, size, 0) if size <= INLINE_MAX else None
+            if data is None:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        return Sealed(sha, size, data, path)
+
+    def attach(self, tx: WriteTx, entry_id: int, sealed: Sealed) -> None:
+        """In a transaction: point the message at the content, sharing an existing blob."""
+        blob = tx.blob_by_sha(sealed.sha256)
+        if blob is not None:
+            bid = blob.id
+        else:
+            bid = tx.blob_insert(sealed.sha256, sealed.size, sealed.data)
+            if sealed.data is None:
+                self.blobs.place(sealed.staging_path, sealed.sha256, bid)
+        tx.blob_ref(bid, 1)
+        tx.update(entry_id, blob=bid, staged=0, size=sealed.size)
+
+    def release(self, tx: WriteTx, entry: Entry, cleanup: list[tuple[str, object]]) -> None:
+        """In a transaction: drop a message's hold on its content. Files are removed by
+        ``cleanup`` after the commit, so a rollback loses nothing."""
+        if entry.staged:
+            cleanup.append(("staging", entry.id))
+        if entry.blob is not None:
+            if tx.blob_ref(entry.blob, -1) == 0:
+                blob = tx.blob(entry.blob)
+                tx.blob_delete(entry.blob)
+                if blob is not None and blob.data is None:
+                    cleanup.append(("blob", (blob.sha256, blob.id)))
+
+    def cleanup(self, items: list[tuple[str, object]]) -> None:
+        for kind, what in items:
+            if kind == "staging":
+                self.staging.remove(what)  # type: ignore[arg-type]
+            else:
+                sha, bid = what  # type: ignore[misc]
+                self.blobs.remove(sha, bid)

@@ -1,0 +1,530 @@
+"""The use cases: every operation of DESIGN §3, each one store transaction.
+
+Callers pass store ids (the FUSE layer maps inode 1 to the mount's root). Each method either
+completes its transition (durable first, when the rules say so) or raises a ``SpoolError`` and
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from spoolfs.blobs import BlobDir, StagingDir
+from spoolfs.core import rules
+from spoolfs.core.errors import (
+    Exists, Invalid, IsADirectory, NoAttribute, NotADirectory, NotEmpty, NotFound, NotPermitted,
+    NotSupported,
+)
+from spoolfs.core.names import check_ident, check_message_name
+from spoolfs.core.rules import Action, DirKind, Kind, State
+from spoolfs.service.committer import Committer
+from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed
+from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
+
+log = logging.getLogger(__name__)
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+RENAME_WHITEOUT = 4
+
+SPOOL_XATTR = b"user.spool."
+
+
+@dataclass(slots=True, frozen=True)
+class Who:
+    """The caller of a request, recorded in history."""
+
+    uid: int = 0
+    gid: int = 0
+    pid: int = 0
+
+
+def _place(e: Entry) -> str:
+    assert e.state is not None
+    return f"{e.state.value}/{e.consumer}" if e.consumer else e.state.value
+
+
+class Spool:
+    def __init__(self, store: Store, store_dir: str, clock: Callable[[], int] = time.time_ns) -> None:
+        self.store = store
+        self.r: ReadTx = store.reader()
+        self.store_dir = store_dir
+        self.content = Content(BlobDir(os.path.join(store_dir, "blobs")),
+                               StagingDir(os.path.join(store_dir, "staging")))
+        self.committer = Committer(store)
+        self.clock = clock
+        self._writers: dict[int, int] = {}  # entry id -> open writable handles here
+        self._live: dict[int, Handle] = {}  # entry id -> a writable handle (live size)
+
+    async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
+        return await self.committer.submit(fn, durable)
+
+    # ---- reading the tree -----------------------------------------------------------------
+
+    def get(self, entry_id: int) -> Entry:
+        e = self.r.get(entry_id)
+        if e is None:
+            raise NotFound(f"no entry {entry_id}")
+        return e
+
+    def lookup(self, parent: int, name: bytes) -> Entry:
+        if len(name) > 255:
+            check_message_name(name)
+        e = self.r.lookup(parent, name)
+        if e is None or e.hidden:
+            raise NotFound()
+        return e
+
+    def listdir(self, parent: int) -> list[Entry]:
+        d = self.get(parent)
+        if d.kind == "message":
+            raise NotADirectory()
+        return [e for e in self.r.children(parent) if not e.hidden]
+
+    def size_of(self, e: Entry) -> int:
+        h = self._live.get(e.id)
+        return max(e.size, h.live_size) if h is not None else e.size
+
+    def nlink_of(self, e: Entry) -> int:
+        if e.kind != "message":
+            return 2
+        if e.blob is not None:
+            b = self.r.blob(e.blob)
+            return b.refcount if b is not None else 1
+        return 1
+
+    @staticmethod
+    def dir_kind(e: Entry) -> DirKind:
+        if e.kind == "message":
+            raise NotADirectory()
+        return DirKind(e.kind)
+
+    def _message_dir(self, d: Entry) -> State:
+        """The state a message placed in directory ``d`` would have."""
+        if d.kind in ("state", "consumer") and d.state is not None:
+            return d.state
+        if d.kind == "message":
+            raise NotADirectory()
+        raise NotPermitted(f"messages live in state directories, not in a {d.kind}")
+
+    def kind(self, e: Entry) -> Kind:
+        assert e.state is not None
+        return rules.kind_of(e.state, e.name)
+
+    # ---- directories ----------------------------------------------------------------------
+
+    async def mkdir(self, parent: int, name: bytes, mode: int, who: Who) -> Entry:
+        p = self.get(parent)
+        new = rules.decide_mkdir(self.dir_kind(p), p.state)
+        ident = check_ident(name, new.value)
+        now = self.clock()
+        dmode = stat.S_IFDIR | (mode & 0o7777)
+
+        def fn(tx: WriteTx) -> Entry:
+            if tx.lookup(parent, name) is not None:
+                raise Exists(f"{ident} exists")
+            common = dict(mode=dmode, uid=who.uid, gid=who.gid, mtime_ns=now, ctime_ns=now,
+                          created_ns=now)
+            if new is DirKind.QUEUE:
+                q = tx.insert(parent=parent, name=name, kind="queue", **common)
+                tx.update(q.id, queue=q.id)
+                for st in rules.STATES:
+                    tx.insert(parent=q.id, name=st.value.encode(), kind="state", queue=q.id,
+                              state=st, **common)
+                log.info("queue %s created", ident)
+                return tx.get(q.id)  # type: ignore[return-value]
+            log.info("consumer view %s created", ident)
+            return tx.insert(parent=parent, name=name, kind="consumer", queue=p.queue,
+                             state=State.WORKING, **common)
+
+        return await self.tx(fn)  # type: ignore[no-any-return]
+
+    async def rmdir(self, parent: int, name: bytes, who: Who) -> None:
+        e = self.lookup(parent, name)
+        rules.decide_rmdir(self.dir_kind(e))
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(e.id)
+            if cur is None or cur.parent != parent or cur.name != name:
+                raise NotFound()
+            doomed = [cur.id]
+            if cur.kind == "queue":
+                for st in tx.children(cur.id):
+                    for c in tx.children(st.id):
+                        if c.kind != "consumer" or tx.has_children(c.id):
+                            raise NotEmpty(f"queue {name!r} is not empty")
+                        doomed.insert(0, c.id)
+                    doomed.insert(0, st.id)
+            elif tx.has_children(cur.id):
+                raise NotEmpty(f"consumer view {name!r} is not empty")
+            for i in doomed:
+                tx.delete(i)
+
+        await self.tx(fn)
+
+    async def _rename_dir(self, e: Entry, parent: int, new_parent: int, new_name: bytes,
+                          flags: int) -> None:
+        kind = self.dir_kind(e)
+        rules.decide_dir_rename(kind, parent == new_parent)
+        check_ident(new_name, kind.value)
+
+        def fn(tx: WriteTx) -> None:
+            if tx.lookup(new_parent, new_name) is not None:
+                raise Exists(f"{new_name!r} exists")
+            if not tx.move(e.id, parent, e.name, new_parent, new_name):
+                raise NotFound()
+            if kind is DirKind.CONSUMER:
+                for m in tx.children(e.id):
+                    tx.update(m.id, consumer=new_name.decode())
+
+        await self.tx(fn)
+
+    # ---- uploads --------------------------------------------------------------------------
+
+    async def create(self, parent: int, name: bytes, mode: int, who: Who) -> tuple[Entry, Handle]:
+        """A new upload, opened for writing. In ``ready/`` (not a staging name) it stays
+        invisible until its last writer closes, then appears complete."""
+        d = self.get(parent)
+        state = self._message_dir(d)
+        check_message_name(name)
+        action = rules.decide_create(rules.kind_of(state, name))
+        now = self.clock()
+
+        def fn(tx: WriteTx) -> Entry:
+            if tx.lookup(parent, name) is not None:
+                raise Exists()
+            e = tx.insert(parent=parent, name=name, kind="message", queue=d.queue, state=state,
+                          hidden=int(action is Action.DIRECT_PUBLISH), staged=1,
+                          mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid, gid=who.gid,
+                          mtime_ns=now, ctime_ns=now, created_ns=now)
+            os.close(os.open(self.content.staging.path(e.id),
+                             os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))
+            return e
+
+        e = await self.tx(fn, durable=False)
+        return e, self._open_handle(e, writable=True)
+
+    def _open_handle(self, e: Entry, writable: bool) -> Handle:
+        h = self.content.open(self.r, e, writable)
+        if writable:
+            self._writers[e.id] = self._writers.get(e.id, 0) + 1
+            h.live_size = e.size
+            self._live[e.id] = h
+        return h
+
+    async def open(self, entry_id: int, writable: bool, truncate: bool, who: Who) -> Handle:
+        e = self.get(entry_id)
+        if e.kind != "message":
+            raise IsADirectory()
+        if writable or truncate:
+            rules.decide_modify(self.kind(e), e.hidden, e.staged)
+        if truncate:
+            await self.truncate(e, 0)
+            e = self.get(entry_id)
+        return self._open_handle(e, writable)
+
+    async def truncate(self, e: Entry, size: int) -> None:
+        fd = self.content.staging.open(e.id, create=True)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        h = self._live.get(e.id)
+        if h is not None:
+            h.live_size = size
+        now = self.clock()
+        await self.tx(lambda tx: tx.update(e.id, size=size, mtime_ns=now, ctime_ns=now),
+                      durable=False)
+
+    async def close(self, h: Handle, who: Who) -> None:
+        """The last writer's close records the size, and publishes an upload into ``ready/``."""
+        h.close()
+        if not h.writable:
+            return
+        n = self._writers.get(h.entry_id, 1) - 1
+        if n > 0:
+            self._writers[h.entry_id] = n
+            return
+        self._writers.pop(h.entry_id, None)
+        self._live.pop(h.entry_id, None)
+        e = self.r.get(h.entry_id)
+        if e is None:
+            return
+        if e.hidden:
+            await self._publish_hidden(e, who)
+        elif e.staged and h.live_size != e.size:
+            now = self.clock()
+            await self.tx(lambda tx: tx.update(e.id, size=h.live_size, mtime_ns=now),
+                          durable=False)
+
+    async def _publish_hidden(self, e: Entry, who: Who) -> None:
+        sealed = await self._seal(e)
+        now = self.clock()
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(e.id)
+            if cur is None or not cur.hidden:
+                raise NotFound()
+            self.content.attach(tx, e.id, sealed)
+            tx.update(e.id, hidden=0, enqueued_ns=now, mtime_ns=now)
+            tx.add_history(e.id, now, Action.PUBLISH.value, "upload", _place(cur), who.uid,
+                           who.pid, None)
+
+        await self.tx(fn)
+        self.content.cleanup([("staging", e.id)])
+
+    async def _seal(self, e: Entry) -> Sealed:
+        if e.size > INLINE_MAX:
+            return await trio.to_thread.run_sync(self.content.seal, e.id)
+        return self.content.seal(e.id)
+
+    def write(self, h: Handle, off: int, buf: bytes) -> int:
+        return h.write(off, buf)
+
+    # ---- transitions ----------------------------------------------------------------------
+
+    async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
+                     flags: int, who: Who) -> None:
+        if flags & (RENAME_EXCHANGE | RENAME_WHITEOUT):
+            raise Invalid("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
+        check_message_name(new_name)
+        src = self.lookup(parent, name)
+        if src.kind != "message":
+            return await self._rename_dir(src, parent, new_parent, new_name, flags)
+        d = self.get(new_parent)
+        dst_state = self._message_dir(d)
+        src_kind, dst_kind = self.kind(src), rules.kind_of(dst_state, new_name)
+        scope = rules.scope_of(parent == new_parent, src.queue == d.queue)
+        action = rules.decide_rename(src_kind, dst_kind, scope)
+        if parent == new_parent and name == new_name:
+            return
+        defer = action is Action.PUBLISH and self._writers.get(src.id, 0) > 0
+        sealed = await self._seal(src) if action is Action.PUBLISH and src.staged and not defer \
+            else None
+        now = self.clock()
+        consumer = d.name.decode() if d.kind == "consumer" else None
+        cleanup: list[tuple[str, object]] = []
+
+        def fn(tx: WriteTx) -> None:
+            old = tx.lookup(new_parent, new_name)
+            if old is not None and old.id != src.id:
+                if flags & RENAME_NOREPLACE or old.hidden:
+                    raise Exists("target exists")
+                rules.decide_replace(dst_kind, False)
+                if old.kind != "message":
+                    raise IsADirectory()
+                self.content.release(tx, old, cleanup)
+                tx.delete(old.id)
+                tx.add_history(old.id, now, "replaced", _place(old), None, who.uid, who.pid,
+                               f"replaced by {src.id}")
+            fields: dict[str, Any] = dict(state=dst_state, queue=d.queue, consumer=consumer,
+                                          ctime_ns=now)
+            if action is Action.PUBLISH:
+                fields.update(enqueued_ns=now, hidden=int(defer))
+            elif action is Action.CLAIM:
+                fields.update(claimed_ns=now, attempts=src.attempts + 1)
+            elif action is Action.FINISH:
+                fields.update(finished_ns=now)
+            elif action in (Action.REDRIVE, Action.FORWARD):
+                fields.update(enqueued_ns=now, finished_ns=None, attempts=0, error=None)
+            if not tx.move(src.id, parent, name, new_parent, new_name, **fields):
+                raise NotFound("already moved")
+            if sealed is not None:
+                self.content.attach(tx, src.id, sealed)
+                cleanup.append(("staging", src.id))
+            tx.add_history(src.id, now, action.value, _place(src),
+                           f"{dst_state.value}/{consumer}" if consumer else dst_state.value,
+                           who.uid, who.pid, None)
+
+        await self.tx(fn, durable=action in rules.DURABLE)
+        self.content.cleanup(cleanup)
+        log.debug("%s %s %r -> %s %r", action.value, src_kind.value, name, dst_kind.value, new_name)
+
+    async def unlink(self, parent: int, name: bytes, who: Who) -> None:
+        e = self.lookup(parent, name)
+        if e.kind != "message":
+            raise IsADirectory()
+        action = rules.decide_unlink(self.kind(e))
+        now = self.clock()
+        cleanup: list[tuple[str, object]] = []
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(e.id)
+            if cur is None or cur.parent != parent or cur.name != name:
+                raise NotFound()
+            self.content.release(tx, cur, cleanup)
+            tx.delete(cur.id)
+            tx.add_history(cur.id, now, action.value, _place(cur), None, who.uid, who.pid, None)
+
+        await self.tx(fn)
+        self.content.cleanup(cleanup)
+
+    async def link(self, entry_id: int, new_parent: int, new_name: bytes, who: Who) -> Entry:
+        """A new message sharing the content of ``entry_id`` (sealing it if still staged)."""
+        src = self.get(entry_id)
+        if src.kind != "message" or src.hidden:
+            raise NotPermitted("only messages can be linked")
+        check_message_name(new_name)
+        d = self.get(new_parent)
+        dst_state = self._message_dir(d)
+        action = rules.decide_link(rules.kind_of(dst_state, new_name))
+        if src.staged and self._writers.get(src.id, 0) > 0:
+            raise NotPermitted("an upload still open for writing cannot be linked")
+        sealed = await self._seal(src) if src.staged else None
+        now = self.clock()
+
+        def fn(tx: WriteTx) -> Entry:
+            cur = tx.get(src.id)
+            if cur is None:
+                raise NotFound()
+            if tx.lookup(new_parent, new_name) is not None:
+                raise Exists()
+            if sealed is not None and cur.staged:
+                self.content.attach(tx, cur.id, sealed)
+                cur = tx.get(cur.id)
+                assert cur is not None
+            assert cur.blob is not None
+            tx.blob_ref(cur.blob, 1)
+            e = tx.insert(parent=new_parent, name=new_name, kind="message", queue=d.queue,
+                          state=dst_state, blob=cur.blob, size=cur.size, mode=cur.mode,
+                          uid=who.uid, gid=who.gid, mtime_ns=cur.mtime_ns, ctime_ns=now,
+                          created_ns=now,
+                          enqueued_ns=now if action is Action.LINK_PUBLISH else None)
+            tx.copy_xattrs(cur.id, e.id)
+            tx.add_history(e.id, now, action.value, None, dst_state.value, who.uid, who.pid,
+                           f"linked from message {cur.id}")
+            return e
+
+        e = await self.tx(fn, durable=action in rules.DURABLE)
+        if sealed is not None:
+            self.content.cleanup([("staging", src.id)])
+        return e  # type: ignore[no-any-return]
+
+    # ---- attributes -----------------------------------------------------------------------
+
+    async def setattr(self, entry_id: int, *, size: int | None = None, mode: int | None = None,
+                      uid: int | None = None, gid: int | None = None,
+                      mtime_ns: int | None = None, who: Who) -> Entry:
+        e = self.get(entry_id)
+        if e.kind == "message" and (size is not None or mode is not None or uid is not None
+                                    or gid is not None):
+            rules.decide_modify(self.kind(e), e.hidden, e.staged)
+        if size is not None:
+            await self.truncate(e, size)
+        fields: dict[str, Any] = {}
+        if mode is not None:
+            fields["mode"] = (e.mode & ~0o7777) | (mode & 0o7777)
+        if uid is not None:
+            fields["uid"] = uid
+        if gid is not None:
+            fields["gid"] = gid
+        if mtime_ns is not None:
+            fields["mtime_ns"] = mtime_ns
+        if fields:
+            fields["ctime_ns"] = self.clock()
+            await self.tx(lambda tx: tx.update(entry_id, **fields), durable=e.kind != "message")
+        return self.get(entry_id)
+
+    def xattr_names(self, e: Entry) -> list[bytes]:
+        if e.kind != "message":
+            return []
+        names = [b"state", b"attempts", b"size", b"created", b"history"]
+        if e.blob is not None:
+            names.append(b"sha256")
+        if e.enqueued_ns:
+            names.append(b"enqueued")
+        if e.claimed_ns:
+            names.append(b"claimed")
+        if e.consumer:
+            names.append(b"consumer")
+        if e.error:
+            names.append(b"error")
+        return [SPOOL_XATTR + n for n in names] + list(self.r.xattrs(e.id))
+
+    def getxattr(self, e: Entry, name: bytes) -> bytes:
+        if name.startswith(SPOOL_XATTR) and e.kind == "message":
+            key = name[len(SPOOL_XATTR):]
+            value = self._spool_attr(e, key)
+            if value is None:
+                raise NoAttribute()
+            return value
+        v = self.r.xattrs(e.id).get(name)
+        if v is None:
+            raise NoAttribute()
+        return v
+
+    def _spool_attr(self, e: Entry, key: bytes) -> bytes | None:
+        def t(ns: int | None) -> bytes | None:
+            if not ns:
+                return None
+            return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns / 1e9)).encode() + \
+                b".%03dZ" % (ns // 1_000_000 % 1000)
+        if key == b"state":
+            return self.kind(e).value.encode() if not e.hidden else b"uploading"
+        if key == b"attempts":
+            return str(e.attempts).encode()
+        if key == b"size":
+            return str(self.size_of(e)).encode()
+        if key == b"sha256":
+            b = self.r.blob(e.blob) if e.blob is not None else None
+            return b.sha256.hex().encode() if b else None
+        if key == b"created":
+            return t(e.created_ns)
+        if key == b"enqueued":
+            return t(e.enqueued_ns)
+        if key == b"claimed":
+            return t(e.claimed_ns)
+        if key == b"consumer":
+            return e.consumer.encode() if e.consumer else None
+        if key == b"error":
+            return e.error
+        if key == b"history":
+            return self.history_text(e.id).encode()
+        return None
+
+    def history_text(self, entry_id: int) -> str:
+        lines = []
+        for at_ns, action, src, dst, uid, pid, reason in self.r.history(entry_id):
+            when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at_ns / 1e9))
+            line = f"{when}Z {action} {src or '-'} -> {dst or '-'} uid={uid} pid={pid}"
+            lines.append(line + (f" ({reason})" if reason else ""))
+        return "\n".join(lines)
+
+    async def setxattr(self, e: Entry, name: bytes, value: bytes, who: Who) -> None:
+        if not name.startswith(b"user."):
+            raise NotSupported("only user.* attributes are kept")
+        if e.kind != "message":
+            raise NotPermitted("attributes are kept on messages only")
+        kind = self.kind(e)
+        if name == SPOOL_XATTR + b"error":
+            if kind not in rules.ERROR_REASON_KINDS:
+                raise NotPermitted("user.spool.error is set in working/ before mv to error/")
+            await self.tx(lambda tx: tx.update(e.id, error=value))
+            return
+        if name.startswith(SPOOL_XATTR):
+            raise NotPermitted(f"{name!r} is read-only")
+        if kind not in rules.HEADER_KINDS and not e.hidden:
+            raise NotPermitted("headers are set before publishing, in partial/")
+        await self.tx(lambda tx: tx.set_xattr(e.id, name, value), durable=False)
+
+    async def removexattr(self, e: Entry, name: bytes, who: Who) -> None:
+        if name.startswith(SPOOL_XATTR) or (
+                self.kind(e) not in rules.HEADER_KINDS and not e.hidden):
+            raise NotPermitted(f"{name!r} cannot be removed here")
+
+        def fn(tx: WriteTx) -> None:
+            if not tx.remove_xattr(e.id, name):
+                raise NoAttribute()
+
+        await self.tx(fn, durable=False)
+
+    def statfs(self) -> os.statvfs_result:
+        return os.statvfs(self.store_dir)

@@ -1,0 +1,164 @@
+"""The store contract. Engines provide storage primitives and atomic transactions; the queue
+rules live above them (service) and in ``core.rules``.
+
+Every transition is one compare-and-set (``WriteTx.move``): it changes one row only if the
+message is still where the caller saw it, so no correctness depends on a process-local lock.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from spoolfs.core.rules import State
+
+T = TypeVar("T")
+
+ENTRY_COLUMNS = (
+    "id", "parent", "name", "kind", "queue", "state", "hidden", "blob", "staged", "size",
+    "mode", "uid", "gid", "mtime_ns", "ctime_ns", "created_ns", "enqueued_ns", "claimed_ns",
+    "finished_ns", "attempts", "consumer", "error",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class Entry:
+    id: int
+    parent: int | None
+    name: bytes
+    kind: str
+    queue: int | None
+    state: State | None
+    hidden: bool
+    blob: int | None
+    staged: bool
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    ctime_ns: int
+    created_ns: int
+    enqueued_ns: int | None
+    claimed_ns: int | None
+    finished_ns: int | None
+    attempts: int
+    consumer: str | None
+    error: bytes | None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Entry:
+        e = cls(*row)
+        e.name = bytes(e.name)
+        e.state = State(e.state) if e.state is not None else None
+        e.hidden = bool(e.hidden)
+        e.staged = bool(e.staged)
+        return e
+
+    @property
+    def is_message(self) -> bool:
+        return self.kind == "message"
+
+
+@dataclass(slots=True)
+class Blob:
+    id: int
+    sha256: bytes
+    size: int
+    refcount: int
+    data: bytes | None
+
+
+class ReadTx(abc.ABC):
+    """Queries; each sees a committed state of the store."""
+
+    @abc.abstractmethod
+    def get(self, entry_id: int) -> Entry | None: ...
+
+    @abc.abstractmethod
+    def lookup(self, parent: int, name: bytes) -> Entry | None: ...
+
+    @abc.abstractmethod
+    def children(self, parent: int) -> list[Entry]: ...
+
+    @abc.abstractmethod
+    def has_children(self, parent: int) -> bool: ...
+
+    @abc.abstractmethod
+    def blob(self, blob_id: int) -> Blob | None: ...
+
+    @abc.abstractmethod
+    def xattrs(self, entry_id: int) -> dict[bytes, bytes]: ...
+
+    @abc.abstractmethod
+    def history(self, entry_id: int) -> list[tuple[Any, ...]]: ...
+
+    @abc.abstractmethod
+    def all_entries(self) -> list[Entry]: ...
+
+    @abc.abstractmethod
+    def all_blobs(self) -> list[Blob]: ...
+
+
+class WriteTx(ReadTx):
+    """Primitives inside one atomic transaction."""
+
+    @abc.abstractmethod
+    def insert(self, **fields: Any) -> Entry: ...
+
+    @abc.abstractmethod
+    def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
+             **fields: Any) -> bool:
+        """Compare-and-set: move ``entry_id`` only if it is still ``parent/name``."""
+
+    @abc.abstractmethod
+    def update(self, entry_id: int, **fields: Any) -> bool: ...
+
+    @abc.abstractmethod
+    def delete(self, entry_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    def set_xattr(self, entry_id: int, name: bytes, value: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def remove_xattr(self, entry_id: int, name: bytes) -> bool: ...
+
+    @abc.abstractmethod
+    def copy_xattrs(self, src: int, dst: int) -> None: ...
+
+    @abc.abstractmethod
+    def blob_by_sha(self, sha256: bytes) -> Blob | None: ...
+
+    @abc.abstractmethod
+    def blob_insert(self, sha256: bytes, size: int, data: bytes | None) -> int: ...
+
+    @abc.abstractmethod
+    def blob_ref(self, blob_id: int, delta: int) -> int:
+        """Add ``delta`` to the reference count; returns the new count."""
+
+    @abc.abstractmethod
+    def blob_delete(self, blob_id: int) -> None: ...
+
+    @abc.abstractmethod
+    def add_history(self, entry_id: int, at_ns: int, action: str, src: str | None,
+                    dst: str | None, uid: int | None, pid: int | None,
+                    reason: str | None) -> None: ...
+
+
+class Store(abc.ABC):
+    @abc.abstractmethod
+    def reader(self) -> ReadTx:
+        """Queries for the calling thread (the event loop); never blocks on writers."""
+
+    @abc.abstractmethod
+    def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool
+                  ) -> list[tuple[bool, Any]]:
+        """Run each function in its own savepoint of one transaction and commit once (fsynced
+        when ``durable``). Returns ``(True, result)`` or ``(False, exception)`` per function;
+        a failed function's changes are rolled back, the others commit. Runs in one worker
+        thread at a time. A failing commit raises ``StoreFailure`` and nothing is applied."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

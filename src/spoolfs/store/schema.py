@@ -1,0 +1,72 @@
+"""The schema, in one place, with a word on every column."""
+
+from __future__ import annotations
+
+VERSION = 1
+
+TABLES = """
+-- Every node of the tree: the root, queues, state dirs, consumer views, messages.
+CREATE TABLE IF NOT EXISTS entries (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- the inode number; AUTOINCREMENT: never reused
+    parent      INTEGER REFERENCES entries(id),     -- containing directory; NULL only for the root
+    name        BLOB NOT NULL,                      -- exact bytes of the name (never decoded)
+    kind        TEXT NOT NULL,                      -- root | queue | state | consumer | message
+    queue       INTEGER,                            -- the queue entry this node belongs to
+    state       TEXT,                               -- partial|ready|working|success|error (state dirs, views, messages)
+    hidden      INTEGER NOT NULL DEFAULT 0,         -- 1: an upload into ready/ not yet closed; invisible
+    blob        INTEGER REFERENCES blobs(id),       -- sealed, immutable content; NULL while staged
+    staged      INTEGER NOT NULL DEFAULT 0,         -- 1: content is the mutable staging file staging/<id>
+    size        INTEGER NOT NULL DEFAULT 0,         -- bytes of content
+    mode        INTEGER NOT NULL,                   -- st_mode, type bits included
+    uid         INTEGER NOT NULL DEFAULT 0,
+    gid         INTEGER NOT NULL DEFAULT 0,
+    mtime_ns    INTEGER NOT NULL,
+    ctime_ns    INTEGER NOT NULL,
+    created_ns  INTEGER NOT NULL,                   -- when the node was made
+    enqueued_ns INTEGER,                            -- when it last entered ready/ (order of the line)
+    claimed_ns  INTEGER,                            -- when it was last claimed
+    finished_ns INTEGER,                            -- when it last reached success/ or error/
+    attempts    INTEGER NOT NULL DEFAULT 0,         -- claims so far
+    consumer    TEXT,                               -- name of the consumer view holding it, if any
+    error       BLOB,                               -- last failure reason (user.spool.error)
+    UNIQUE (parent, name)
+);
+CREATE INDEX IF NOT EXISTS entries_queue_state ON entries(queue, state, enqueued_ns);
+CREATE INDEX IF NOT EXISTS entries_blob ON entries(blob);
+
+-- Content, addressed by SHA-256, shared by every message that references it.
+CREATE TABLE IF NOT EXISTS blobs (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,  -- names the file blobs/ab/cd/<sha>.<id> when not inline
+    sha256   BLOB NOT NULL UNIQUE,               -- 32 raw bytes
+    size     INTEGER NOT NULL,
+    refcount INTEGER NOT NULL CHECK (refcount >= 0),  -- messages referencing it
+    data     BLOB                                -- the content itself when small; NULL: in a file
+);
+
+-- User headers (user.* xattrs other than user.spool.*), carried through every state.
+CREATE TABLE IF NOT EXISTS xattrs (
+    entry INTEGER NOT NULL REFERENCES entries(id) ON DELETE CASCADE,
+    name  BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (entry, name)
+);
+
+-- Every transition of a message: who, when, from where, to where, why.
+CREATE TABLE IF NOT EXISTS history (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    entry   INTEGER NOT NULL,                    -- message id (kept after the message is gone)
+    at_ns   INTEGER NOT NULL,
+    action  TEXT NOT NULL,                       -- an Action value
+    src     TEXT,                                -- state[/consumer] before
+    dst     TEXT,                                -- state[/consumer] after
+    uid     INTEGER,
+    pid     INTEGER,
+    reason  TEXT
+);
+CREATE INDEX IF NOT EXISTS history_entry ON history(entry);
+
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""

@@ -1,0 +1,241 @@
+"""The embedded engine: SQLite in WAL mode, ``synchronous=FULL``, foreign keys on.
+
+Two connections: one for queries on the event loop's thread, one for write batches in a worker
+thread. Several daemons may open the same file; SQLite's locks serialize their writers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from spoolfs.core.errors import SpoolError, StoreFailure
+from spoolfs.store import schema
+from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, WriteTx
+
+log = logging.getLogger(__name__)
+
+_COLS = ", ".join(ENTRY_COLUMNS)
+_SEL = f"SELECT {_COLS} FROM entries"
+BUSY_TIMEOUT_MS = 30_000
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                           timeout=BUSY_TIMEOUT_MS / 1000)
+    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+class SqliteRead(ReadTx):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def get(self, entry_id: int) -> Entry | None:
+        row = self.conn.execute(f"{_SEL} WHERE id=?", (entry_id,)).fetchone()
+        return Entry.from_row(row) if row else None
+
+    def lookup(self, parent: int, name: bytes) -> Entry | None:
+        row = self.conn.execute(f"{_SEL} WHERE parent=? AND name=?", (parent, name)).fetchone()
+        return Entry.from_row(row) if row else None
+
+    def children(self, parent: int) -> list[Entry]:
+        rows = self.conn.execute(f"{_SEL} WHERE parent=? ORDER BY id", (parent,)).fetchall()
+        return [Entry.from_row(r) for r in rows]
+
+    def has_children(self, parent: int) -> bool:
+        return self.conn.execute("SELECT 1 FROM entries WHERE parent=? LIMIT 1",
+                                 (parent,)).fetchone() is not None
+
+    def blob(self, blob_id: int) -> Blob | None:
+        row = self.conn.execute("SELECT id, sha256, size, refcount, data FROM blobs WHERE id=?",
+                                (blob_id,)).fetchone()
+        return Blob(*row) if row else None
+
+    def xattrs(self, entry_id: int) -> dict[bytes, bytes]:
+        rows = self.conn.execute("SELECT name, value FROM xattrs WHERE entry=?", (entry_id,))
+        return {bytes(n): bytes(v) for n, v in rows}
+
+    def history(self, entry_id: int) -> list[tuple[Any, ...]]:
+        return self.conn.execute(
+            "SELECT at_ns, action, src, dst, uid, pid, reason FROM history WHERE entry=? ORDER BY id",
+            (entry_id,)).fetchall()
+
+    def all_entries(self) -> list[Entry]:
+        return [Entry.from_row(r) for r in self.conn.execute(f"{_SEL} ORDER BY id")]
+
+    def all_blobs(self) -> list[Blob]:
+        return [Blob(*r) for r in
+                self.conn.execute("SELECT id, sha256, size, refcount, data FROM blobs ORDER BY id")]
+
+
+def _fields(fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    for k in fields:
+        if k not in ENTRY_COLUMNS or k == "id":
+            raise ValueError(f"unknown entry column {k}")
+    vals = [v.value if hasattr(v, "value") else v for v in fields.values()]
+    return ", ".join(f"{k}=?" for k in fields), vals
+
+
+class SqliteWrite(SqliteRead, WriteTx):
+    def insert(self, **fields: Any) -> Entry:
+        cols = list(fields)
+        for k in cols:
+            if k not in ENTRY_COLUMNS:
+                raise ValueError(f"unknown entry column {k}")
+        vals = [v.value if hasattr(v, "value") else v for v in fields.values()]
+        cur = self.conn.execute(
+            f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
+        entry = self.get(cur.lastrowid)  # type: ignore[arg-type]
+        assert entry is not None
+        return entry
+
+    def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
+             **fields: Any) -> bool:
+        sets, vals = _fields(fields)
+        sets = f"parent=?, name=?{', ' + sets if sets else ''}"
+        cur = self.conn.execute(
+            f"UPDATE entries SET {sets} WHERE id=? AND parent=? AND name=?",
+            [new_parent, new_name, *vals, entry_id, parent, name])
+        return cur.rowcount == 1
+
+    def update(self, entry_id: int, **fields: Any) -> bool:
+        sets, vals = _fields(fields)
+        cur = self.conn.execute(f"UPDATE entries SET {sets} WHERE id=?", [*vals, entry_id])
+        return cur.rowcount == 1
+
+    def delete(self, entry_id: int) -> bool:
+        return self.conn.execute("DELETE FROM entries WHERE id=?", (entry_id,)).rowcount == 1
+
+    def set_xattr(self, entry_id: int, name: bytes, value: bytes) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO xattrs (entry, name, value) VALUES (?, ?, ?)",
+                          (entry_id, name, value))
+
+    def remove_xattr(self, entry_id: int, name: bytes) -> bool:
+        return self.conn.execute("DELETE FROM xattrs WHERE entry=? AND name=?",
+                                 (entry_id, name)).rowcount == 1
+
+    def copy_xattrs(self, src: int, dst: int) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO xattrs (entry, name, value) "
+                          "SELECT ?, name, value FROM xattrs WHERE entry=?", (dst, src))
+
+    def blob_by_sha(self, sha256: bytes) -> Blob | None:
+        row = self.conn.execute("SELECT id, sha256, size, refcount, data FROM blobs WHERE sha256=?",
+                                (sha256,)).fetchone()
+        return Blob(*row) if row else None
+
+    def blob_insert(self, sha256: bytes, size: int, data: bytes | None) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO blobs (sha256, size, refcount, data) VALUES (?, ?, 0, ?)",
+            (sha256, size, data))
+        return cur.lastrowid  # type: ignore[return-value]
+
+    def blob_ref(self, blob_id: int, delta: int) -> int:
+        row = self.conn.execute("UPDATE blobs SET refcount = refcount + ? WHERE id=? "
+                                "RETURNING refcount", (delta, blob_id)).fetchone()
+        if row is None:
+            raise StoreFailure(f"blob {blob_id} is missing")
+        return int(row[0])
+
+    def blob_delete(self, blob_id: int) -> None:
+        self.conn.execute("DELETE FROM blobs WHERE id=?", (blob_id,))
+
+    def add_history(self, entry_id: int, at_ns: int, action: str, src: str | None,
+                    dst: str | None, uid: int | None, pid: int | None,
+                    reason: str | None) -> None:
+        self.conn.execute(
+            "INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (entry_id, at_ns, action, src, dst, uid, pid, reason))
+
+
+class SqliteStore(Store):
+    """``path`` is the database file; created with its schema and root entry if missing."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._wconn = _connect(path)
+        self._init_schema()
+        self._rconn = _connect(path)
+        self._reader = SqliteRead(self._rconn)
+        self._writer = SqliteWrite(self._wconn)
+        self._sync = "FULL"
+
+    def _init_schema(self) -> None:
+        c = self._wconn
+        c.executescript(schema.TABLES)  # idempotent: CREATE ... IF NOT EXISTS
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            if c.execute("SELECT 1 FROM entries WHERE id=1").fetchone() is None:
+                now = time.time_ns()
+                c.execute("INSERT INTO entries (id, parent, name, kind, mode, mtime_ns, ctime_ns, "
+                          "created_ns) VALUES (1, NULL, X'', 'root', ?, ?, ?, ?)",
+                          (0o40755, now, now, now))
+                c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                          (str(schema.VERSION),))
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def reader(self) -> ReadTx:
+        return self._reader
+
+    def _set_sync(self, mode: str) -> None:
+        if mode != self._sync:
+            self._wconn.execute(f"PRAGMA synchronous={mode}")
+            self._sync = mode
+
+    def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool
+                  ) -> list[tuple[bool, Any]]:
+        c = self._wconn
+        # In WAL mode a FULL commit fsyncs the log, which also makes every earlier NORMAL
+        # commit durable: uploads in progress skip the fsync, transitions never do.
+        self._set_sync("FULL" if durable else "NORMAL")
+        results: list[tuple[bool, Any]] = []
+        try:
+            c.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise StoreFailure(f"store unavailable: {e}") from e
+        try:
+            for fn in fns:
+                c.execute("SAVEPOINT op")
+                try:
+                    res = fn(self._writer)
+                except (SpoolError, sqlite3.IntegrityError, OSError, ValueError) as e:
+                    c.execute("ROLLBACK TO op")
+                    c.execute("RELEASE op")
+                    results.append((False, e))
+                else:
+                    c.execute("RELEASE op")
+                    results.append((True, res))
+            c.execute("COMMIT")
+        except sqlite3.Error as e:
+            log.error("store commit failed: %s", e)
+            try:
+                c.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise StoreFailure(f"store commit failed: {e}") from e
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        return results
+
+    def checkpoint(self) -> None:
+        self._wconn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def close(self) -> None:
+        self._rconn.close()
+        self._wconn.close()
+
+
+def open_store(store_dir: str) -> SqliteStore:
+    os.makedirs(store_dir, exist_ok=True)
+    return SqliteStore(os.path.join(store_dir, "meta.db"))
