@@ -34,6 +34,24 @@ def _who(ctx: Any) -> Who:
     return Who(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else Who()
 
 
+def _holds(pid: int, ino: int) -> bool:
+    """Whether process ``pid`` still has a descriptor open on inode ``ino`` (read from
+    /proc/PID/fdinfo, which never calls back into this filesystem)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
+    except OSError:
+        return False
+    want = f"\nino:\t{ino}\n"
+    for fd in fds:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                if want in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _guard(fn: F) -> F:
     @functools.wraps(fn)
     async def wrapper(self: Operations, *args: Any) -> Any:
@@ -81,12 +99,14 @@ class Operations(pyfuse3.Operations):
         shown = [a for a in args if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
         return "(" + ", ".join(repr(a) for a in shown[:4]) + ")"
 
-    def _attr(self, e: Entry, entry_timeout: float = TIMEOUT) -> pyfuse3.EntryAttributes:
+    def _attr(self, e: Entry) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = self._ino(e.id)
         a.generation = 0
-        a.entry_timeout = entry_timeout
-        a.attr_timeout = TIMEOUT if not e.staged else 0
+        # An unpublished upload's name is never cached: a rename into ready/ while a writer
+        # holds it, or an upload into ready/, must stay invisible to other processes.
+        a.entry_timeout = 0 if e.staged else TIMEOUT
+        a.attr_timeout = 0 if e.staged else TIMEOUT
         a.st_mode = e.mode
         a.st_nlink = self.spool.nlink_of(e)
         a.st_uid = e.uid
@@ -117,6 +137,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
         pid = self._sid(parent_inode)
+        await self.spool.settle(pid)
         if name == b".":
             e = self.spool.get(pid)
         elif name == b"..":
@@ -164,6 +185,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
         sid = self._sid(inode)
+        await self.spool.settle(sid)
         # One snapshot per opendir: stable cookies, and one query for the whole listing.
         entries = [(e.name, e) for e in self.spool.listdir(sid)]
         fh = self._next_fh
@@ -197,14 +219,17 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
                      name_new: bytes, flags: int, ctx: Any) -> None:
-        pnew = self._sid(parent_inode_new)
+        pold, pnew = self._sid(parent_inode_old), self._sid(parent_inode_new)
+        await self.spool.settle(pold)
+        await self.spool.settle(pnew)
         self._forget_name(pnew, name_new)
-        await self.spool.rename(self._sid(parent_inode_old), name_old, pnew, name_new,
+        await self.spool.rename(pold, name_old, pnew, name_new,
                                 flags, _who(ctx))
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         pid = self._sid(parent_inode)
+        await self.spool.settle(pid)
         self._forget_name(pid, name)
         await self.spool.unlink(pid, name, _who(ctx))
 
@@ -225,7 +250,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)
         e, h = await self.spool.create(self._sid(parent_inode), name, mode, _who(ctx))
         await self.spool.close(h, _who(ctx))
-        return self._remember(e, self._attr(e, 0 if e.hidden else TIMEOUT))
+        return self._remember(e, self._attr(e))
 
     # ---- files --------------------------------------------------------------------------
 
@@ -240,8 +265,7 @@ class Operations(pyfuse3.Operations):
                      ctx: Any) -> Any:
         e, h = await self.spool.create(self._sid(parent_inode), name, mode & ~ctx.umask,
                                        _who(ctx))
-        # An upload into ready/ is invisible until closed: no cached name for other processes.
-        attr = self._attr(e, 0 if e.hidden else TIMEOUT)
+        attr = self._attr(e)
         return pyfuse3.FileInfo(fh=self._new_fh(h)), self._remember(e, attr)
 
     @_guard
@@ -262,7 +286,11 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def flush(self, fh: int) -> None:
-        return None
+        # close(2) waits for FLUSH but not for RELEASE. FLUSH also comes when a child closes
+        # an inherited copy (at exec), so publish only once the opener holds it no more.
+        h = self._handles[fh]
+        if h.writable and not h.done and not _holds(h.opener, self._ino(h.entry_id)):
+            await self.spool.publish_at_close(h, Who(pid=h.opener))
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:

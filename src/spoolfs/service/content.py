@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from spoolfs.blobs import BlobDir, StagingDir, hash_file
-from spoolfs.core.errors import NoSpace, StoreFailure
+from spoolfs.core.errors import NoSpace, NotPermitted, StoreFailure
 from spoolfs.store.base import Entry, ReadTx, WriteTx
 
 #: Content up to this size lives inline in the metadata store: one fsync for data and metadata,
@@ -28,7 +28,7 @@ class Sealed:
 class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
-    __slots__ = ("entry_id", "fd", "data", "writable", "live_size", "sealed")
+    __slots__ = ("entry_id", "fd", "data", "writable", "live_size", "sealed", "opener", "done")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -38,6 +38,8 @@ class Handle:
         self.data = data
         self.writable = writable
         self.live_size = -1
+        self.opener = 0  # pid of the process that opened it
+        self.done = False  # its upload was published when the opener closed it: no more writes
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:
@@ -47,6 +49,8 @@ class Handle:
 
     def write(self, off: int, buf: bytes) -> int:
         assert self.fd is not None and self.writable
+        if self.done:
+            raise NotPermitted("this upload was already published when its opener closed it")
         try:
             n = os.pwrite(self.fd, buf, off)
         except OSError as e:

@@ -3,8 +3,7 @@
 - an upload into ``ready/`` that never closed is moved to ``partial/``: ``ready/`` only ever
   shows complete files (skipped while another daemon still has it open for writing);
 - staging files without a message, blob files without a blob row, unreferenced blob rows are
-  removed (files only when older than a grace period: another daemon's transaction may be about
-  to commit them).
+  removed, under the store's write lock so no other daemon is mid-transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from spoolfs.service.spool import Spool
 from spoolfs.store.base import WriteTx
 
 log = logging.getLogger(__name__)
-GRACE_S = 60.0
 
 
 def _in_use(path: str) -> bool:
@@ -39,19 +37,10 @@ def _in_use(path: str) -> bool:
     return False
 
 
-def _old(path: str, now: float) -> bool:
-    try:
-        return now - os.lstat(path).st_ctime > GRACE_S
-    except FileNotFoundError:
-        return False
-
-
 def recover(spool: Spool) -> dict[str, int]:
     r, content = spool.r, spool.content
     counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blob_orphans": 0, "blobs_freed": 0}
     entries = r.all_entries()
-    by_id = {e.id: e for e in entries}
-    now = time.time()
 
     for e in entries:
         if not e.hidden or _in_use(content.staging.path(e.id)):
@@ -73,31 +62,30 @@ def recover(spool: Spool) -> dict[str, int]:
         counts["uploads_to_partial"] += 1
         log.warning("recovery: unclosed upload %r moved from ready/ to partial/", e.name)
 
-    for sid in content.staging.ids():
-        e = by_id.get(sid)
-        if (e is None or not e.staged) and _old(content.staging.path(sid), now):
-            content.staging.remove(sid)
-            counts["staging_orphans"] += 1
+    def orphans(tx: WriteTx) -> None:
+        # Holding the write lock: no other daemon is between creating a file and committing
+        # the row that names it, so any file without its row is left over from a crash.
+        staged = {e.id for e in tx.all_entries() if e.staged}
+        for sid in content.staging.ids():
+            if sid not in staged:
+                content.staging.remove(sid)
+                counts["staging_orphans"] += 1
+        blobs = {b.id: b for b in tx.all_blobs()}
+        for path, sha, bid in content.blobs.walk():
+            b = blobs.get(bid)
+            if b is None or b.sha256 != sha or b.data is not None:
+                os.unlink(path)
+                counts["blob_orphans"] += 1
+        for b in blobs.values():
+            if b.refcount == 0:
+                tx.blob_delete(b.id)
+                if b.data is None:
+                    content.blobs.remove(b.sha256, b.id)
+                counts["blobs_freed"] += 1
 
-    blobs = {b.id: b for b in r.all_blobs()}
-    for path, sha, bid in content.blobs.walk():
-        b = blobs.get(bid)
-        if (b is None or b.sha256 != sha or b.data is not None) and _old(path, now):
-            os.unlink(path)
-            counts["blob_orphans"] += 1
-
-    unreferenced = [b for b in blobs.values() if b.refcount == 0]
-    if unreferenced:
-        def drop(tx: WriteTx) -> None:
-            for b in unreferenced:
-                if tx.blob(b.id) is not None and tx.blob(b.id).refcount == 0:  # type: ignore[union-attr]
-                    tx.blob_delete(b.id)
-
-        spool.store.run_batch([drop], durable=True)
-        for b in unreferenced:
-            if b.data is None:
-                content.blobs.remove(b.sha256, b.id)
-        counts["blobs_freed"] = len(unreferenced)
+    ok, err = spool.store.run_batch([orphans], durable=True)[0]
+    if not ok:
+        raise err
     if any(counts.values()):
         log.info("recovery: %s", ", ".join(f"{k}={v}" for k, v in counts.items()))
     return counts

@@ -63,6 +63,7 @@ class Spool:
         self.clock = clock
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._live: dict[int, Handle] = {}  # entry id -> a writable handle (live size)
+        self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
 
     async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
         return await self.committer.submit(fn, durable)
@@ -210,10 +211,11 @@ class Spool:
             return e
 
         e = await self.tx(fn, durable=False)
-        return e, self._open_handle(e, writable=True)
+        return e, self._open_handle(e, writable=True, who=who)
 
-    def _open_handle(self, e: Entry, writable: bool) -> Handle:
+    def _open_handle(self, e: Entry, writable: bool, who: Who) -> Handle:
         h = self.content.open(self.r, e, writable)
+        h.opener = who.pid
         if writable:
             self._writers[e.id] = self._writers.get(e.id, 0) + 1
             h.live_size = e.size
@@ -229,7 +231,7 @@ class Spool:
         if truncate:
             await self.truncate(e, 0)
             e = self.get(entry_id)
-        return self._open_handle(e, writable)
+        return self._open_handle(e, writable, who)
 
     async def truncate(self, e: Entry, size: int) -> None:
         fd = self.content.staging.open(e.id, create=True)
@@ -244,8 +246,21 @@ class Spool:
         await self.tx(lambda tx: tx.update(e.id, size=size, mtime_ns=now, ctime_ns=now),
                       durable=False)
 
+    async def publish_at_close(self, h: Handle, who: Who) -> None:
+        """The opener closed its descriptor and holds no other: an upload into ``ready/``
+        appears now, durable before ``close(2)`` returns (``cp x ready/`` then exits 0 only
+        once the message is safe). Later writes through a copy of the descriptor are refused."""
+        if not h.writable or h.done or self._writers.get(h.entry_id, 0) > 1:
+            return
+        e = self.r.get(h.entry_id)
+        if e is not None and e.hidden:
+            h.done = True
+            await self._publish_settled(e, who)
+
     async def close(self, h: Handle, who: Who) -> None:
-        """The last writer's close records the size, and publishes an upload into ``ready/``."""
+        """The last handle records the size, or publishes a pending upload into ``ready/``.
+        Requests read after this one (the writer's next command) wait in ``settle`` until
+        the upload has appeared."""
         h.close()
         if not h.writable:
             return
@@ -256,14 +271,32 @@ class Spool:
         self._writers.pop(h.entry_id, None)
         self._live.pop(h.entry_id, None)
         e = self.r.get(h.entry_id)
-        if e is None:
+        if e is None or h.done:
             return
         if e.hidden:
-            await self._publish_hidden(e, who)
+            await self._publish_settled(e, who)
         elif e.staged and h.live_size != e.size:
             now = self.clock()
             await self.tx(lambda tx: tx.update(e.id, size=h.live_size, mtime_ns=now),
                           durable=False)
+
+    async def _publish_settled(self, e: Entry, who: Who) -> None:
+        assert e.parent is not None
+        done = trio.Event()  # registered before the first await: see settle()
+        self._settling.setdefault(e.parent, []).append(done)
+        try:
+            await self._publish_hidden(e, who)
+        finally:
+            done.set()
+            waiting = self._settling[e.parent]
+            waiting.remove(done)
+            if not waiting:
+                del self._settling[e.parent]
+
+    async def settle(self, parent: int) -> None:
+        """Wait until uploads into ``parent`` whose last writer has closed have appeared."""
+        while parent in self._settling:
+            await self._settling[parent][0].wait()
 
     async def _publish_hidden(self, e: Entry, who: Who) -> None:
         sealed = await self._seal(e)
@@ -321,8 +354,8 @@ class Spool:
                 rules.decide_replace(dst_kind, False)
                 if old.kind != "message":
                     raise IsADirectory()
-                self.content.release(tx, old, cleanup)
                 tx.delete(old.id)
+                self.content.release(tx, old, cleanup)
                 tx.add_history(old.id, now, "replaced", _place(old), None, who.uid, who.pid,
                                f"replaced by {src.id}")
             fields: dict[str, Any] = dict(state=dst_state, queue=d.queue, consumer=consumer,
@@ -360,8 +393,8 @@ class Spool:
             cur = tx.get(e.id)
             if cur is None or cur.parent != parent or cur.name != name:
                 raise NotFound()
-            self.content.release(tx, cur, cleanup)
             tx.delete(cur.id)
+            self.content.release(tx, cur, cleanup)
             tx.add_history(cur.id, now, action.value, _place(cur), None, who.uid, who.pid, None)
 
         await self.tx(fn)

@@ -1,0 +1,139 @@
+"""Shared fixtures: real spoolfs mounts for tests/integration and tests/fault.
+
+A test that needs FUSE is marked ``@pytest.mark.fuse``. Such tests never skip: when FUSE is not
+usable and any of them is selected, the whole session stops with a non-zero exit (DESIGN §11).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from helpers import Mount, Queue, become_subreaper, fuse_problems
+
+MOUNT_FIXTURES = {"mounter", "mount", "queue", "module_mount", "fresh_queue"}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items
+                if MOUNT_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("fuse") is None]
+    if unmarked:
+        raise pytest.UsageError("tests that mount must be marked @pytest.mark.fuse: "
+                                + ", ".join(unmarked))
+    if not any(item.get_closest_marker("fuse") for item in items):
+        return
+    problems = fuse_problems()
+    if problems:
+        pytest.exit("FUSE tests are selected but cannot run: " + "; ".join(problems)
+                    + " (they never skip: fix the machine or deselect them with -m 'not fuse')",
+                    returncode=3)
+    # The daemon forks away from its parent; adopting it lets tests see exactly when it exits.
+    become_subreaper()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    item._spoolfs_log_offsets = {m: m.log_size() for m in Mount.live}  # type: ignore[attr-defined]
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.failed:
+        offsets: dict[Mount, int] = getattr(item, "_spoolfs_log_offsets", {})
+        mounts: list[Mount] = list(getattr(item, "_spoolfs_mounts", []))
+        mounts += [m for m in Mount.live if m not in mounts]
+        for m in mounts:
+            since = offsets.get(m, 0) if call.when == "call" else 0
+            report.sections.append((f"spoolfs log {m.log} ({call.when})",
+                                    m.log_tail(since=since) or "(empty)"))
+    return report
+
+
+MountFactory = Callable[..., Mount]
+
+
+def _factory(base: Path, registry: list[Mount]) -> MountFactory:
+    counter = itertools.count()
+
+    def make(store: Path | None = None, path: Path | None = None, *, queue: str | None = None,
+             extra: Sequence[str] = (), start: bool = True) -> Mount:
+        n = next(counter)
+        m = Mount(store if store is not None else base / "store",
+                  path if path is not None else base / f"mnt{n}",
+                  base / f"spoolfs-{n}.log", queue=queue, extra=extra)
+        registry.append(m)
+        return m.start() if start else m
+
+    return make
+
+
+def _close_all(mounts: list[Mount]) -> None:
+    errors = []
+    for m in reversed(mounts):
+        try:
+            m.close()
+        except Exception as e:  # keep unmounting the others
+            errors.append(f"{m}: {e}")
+    if errors:
+        raise AssertionError("teardown could not unmount: " + "; ".join(errors))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """The store directory (spoolfs creates it on first mount)."""
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def mounter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MountFactory]:
+    """``mounter(store=None, path=None, queue=None, extra=(), start=True) -> Mount``.
+
+    Every mount made through it is unmounted at teardown, and its log is attached to the report
+    when the test fails.
+    """
+    mounts: list[Mount] = []
+    request.node._spoolfs_mounts = mounts
+    yield _factory(tmp_path, mounts)
+    _close_all(mounts)
+
+
+@pytest.fixture
+def mount(mounter: MountFactory, store: Path, tmp_path: Path) -> Mount:
+    """The whole spool of ``store`` mounted at ``tmp_path/mnt``."""
+    return mounter(store, tmp_path / "mnt")
+
+
+@pytest.fixture
+def queue(mount: Mount, tmp_path: Path) -> Queue:
+    """Queue ``q`` made with ``mkdir`` on ``mount``."""
+    return Queue.create(mount.path, "q", tmp_path / "scratch")
+
+
+@pytest.fixture(scope="module")
+def module_mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
+    """One whole-spool mount shared by a module (each test takes its own queues)."""
+    base = tmp_path_factory.mktemp("spool")
+    mounts: list[Mount] = []
+    try:
+        yield _factory(base, mounts)()
+    finally:
+        _close_all(mounts)
+
+
+_queue_numbers = itertools.count(1)
+
+
+@pytest.fixture
+def fresh_queue(module_mount: Mount, tmp_path: Path) -> Callable[[], Queue]:
+    """``fresh_queue()`` makes a new, uniquely named queue on the module's shared mount."""
+    def make() -> Queue:
+        return Queue.create(module_mount.path, f"t{next(_queue_numbers)}", tmp_path / "scratch")
+    return make

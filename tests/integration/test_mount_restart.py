@@ -1,0 +1,67 @@
+"""Everything survives ``spoolfs umount`` + mount: names, places, content, inode numbers (§6)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers import Mount, Queue, ls, ok, setxattr, snapshot, xattr_text
+
+pytestmark = pytest.mark.fuse
+
+
+def test_state_survives_remount(mount: Mount, queue: Queue, tmp_path: Path) -> None:
+    other = Queue.create(mount.path, "other", tmp_path / "scratch")
+    queue.put("uploading", b"half an upload")
+    setxattr(queue.partial / "uploading", "user.origin", "restart-test")
+    queue.publish("waiting", os.urandom(70_000))
+    queue.publish("taken", os.urandom(1000))
+    queue.claim("taken", "w1")
+    queue.consumer("idle")
+    queue.publish("done", os.urandom(5000))
+    queue.claim("done", "w2")
+    queue.finish("done", "w2")
+    queue.publish("failed")
+    setxattr(queue.claim("failed"), "user.spool.error", "it broke")
+    queue.finish("failed", to="error")
+    other.publish("elsewhere", b"x" * 4096)
+    ok("ln", queue.ready / "waiting", other.ready / "linked")
+
+    before = snapshot(mount.path)
+    attempts = xattr_text(queue.working / "w1/taken", "user.spool.attempts")
+
+    mount.restart()
+
+    after = snapshot(mount.path)
+    messages = {k: v for k, v in before.items() if v[0] == "file"}
+    assert {k: after.get(k) for k in messages} == messages, \
+        "names, places, sizes, content or inode numbers changed across a remount"
+    assert sorted(after) == sorted(before), "the tree gained or lost entries across a remount"
+    assert ls(queue.working) == ["idle", "w1", "w2"]
+    assert xattr_text(queue.working / "w1/taken", "user.spool.consumer") == "w1"
+    assert xattr_text(queue.working / "w1/taken", "user.spool.attempts") == attempts
+    assert xattr_text(queue.error / "failed", "user.spool.error") == "it broke"
+    assert xattr_text(queue.partial / "uploading", "user.origin") == "restart-test"
+
+    # and the queue still works after the restart
+    queue.finish("taken", "w1")
+    ok("mv", queue.partial / "uploading", queue.ready)
+    queue.claim("uploading", "idle")
+    assert ok("cat", queue.working / "idle/uploading") == b"half an upload"
+
+
+def test_inode_numbers_are_not_reused(mount: Mount, queue: Queue) -> None:
+    """§6: AUTOINCREMENT ids: a deleted message's inode number never comes back."""
+    seen = set()
+    for i in range(5):
+        queue.publish(f"m{i}")
+        seen.add(os.stat(queue.ready / f"m{i}").st_ino)
+        ok("rm", queue.ready / f"m{i}")
+    mount.restart()
+    for i in range(5):
+        queue.publish(f"n{i}")
+        ino = os.stat(queue.ready / f"n{i}").st_ino
+        assert ino not in seen, f"inode {ino} reused"
+        seen.add(ino)
