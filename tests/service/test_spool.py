@@ -1,0 +1,164 @@
+"""The service on a real store in tmp_path, without a kernel; every test ends with fsck clean."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from spoolfs.core.errors import Exists, NotFound, NotPermitted
+from spoolfs.core.rules import State
+from spoolfs.service.content import INLINE_MAX
+from spoolfs.service.fsck import Fsck
+from spoolfs.service.recovery import recover
+from spoolfs.service.spool import RENAME_NOREPLACE, Spool, Who
+from spoolfs.store.sqlite import open_store
+
+WHO = Who(0, 0, 1)
+
+
+class Q:
+    def __init__(self, spool: Spool, qid: int) -> None:
+        self.spool, self.id = spool, qid
+        self.dirs = {st: spool.lookup(qid, st.value.encode()).id for st in State}
+
+    def __getitem__(self, st: State) -> int:
+        return self.dirs[st]
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        yield spool, Q(spool, qe.id)
+        spool.committer.close()
+    store.close()
+    problems = Fsck(str(tmp_path)).run()
+    assert problems == []
+
+
+async def upload(spool: Spool, d: int, name: bytes, data: bytes) -> int:
+    e, h = await spool.create(d, name, 0o644, WHO)
+    spool.write(h, 0, data)
+    await spool.close(h, WHO)
+    return e.id
+
+
+def content(spool: Spool, entry_id: int) -> bytes:
+    h = spool.content.open(spool.r, spool.get(entry_id), False)
+    try:
+        return h.read(0, 1 << 30)
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("size", [10, INLINE_MAX + 1])
+async def test_cycle(env: tuple[Spool, Q], size: int) -> None:
+    spool, q = env
+    data = os.urandom(size)
+    mid = await upload(spool, q[State.PARTIAL], b"f", data)
+    await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    w1 = await spool.mkdir(q[State.WORKING], b"w1", 0o755, WHO)
+    await spool.rename(q[State.READY], b"f", w1.id, b"f", 0, WHO)
+    e = spool.get(mid)
+    assert e.state is State.WORKING and e.attempts == 1 and e.consumer == "w1"
+    assert content(spool, mid) == data
+    await spool.rename(w1.id, b"f", q[State.SUCCESS], b"f", 0, WHO)
+    assert [h[1] for h in spool.r.history(mid)] == ["publish", "claim", "finish"]
+
+
+async def test_claim_race_one_winner(env: tuple[Spool, Q]) -> None:
+    spool, q = env
+    await upload(spool, q[State.READY], b"m", b"x")
+    views = [await spool.mkdir(q[State.WORKING], b"c%d" % i, 0o755, WHO) for i in range(8)]
+    wins: list[int] = []
+
+    async def claim(v: int) -> None:
+        try:
+            await spool.rename(q[State.READY], b"m", v, b"m", 0, WHO)
+            wins.append(v)
+        except NotFound:
+            pass
+
+    async with trio.open_nursery() as n:
+        for v in views:
+            n.start_soon(claim, v.id)
+    assert len(wins) == 1
+
+
+async def test_refusals_change_nothing(env: tuple[Spool, Q]) -> None:
+    spool, q = env
+    await upload(spool, q[State.READY], b"a", b"1")
+    await upload(spool, q[State.READY], b"b", b"2")
+    with pytest.raises(Exists):
+        await spool.rename(q[State.READY], b"a", q[State.READY], b"b", 0, WHO)
+    with pytest.raises(NotPermitted):
+        await spool.rename(q[State.READY], b"a", q[State.SUCCESS], b"a", 0, WHO)
+    with pytest.raises(NotPermitted):
+        await spool.create(q[State.SUCCESS], b"n", 0o644, WHO)
+    with pytest.raises(NotPermitted):
+        await spool.open(spool.lookup(q[State.READY], b"a").id, True, False, WHO)
+    assert {e.name for e in spool.listdir(q[State.READY])} == {b"a", b"b"}
+
+
+async def test_finished_entries_are_replaced_and_content_freed(env: tuple[Spool, Q]) -> None:
+    spool, q = env
+    big = os.urandom(INLINE_MAX * 2)
+    w = await spool.mkdir(q[State.WORKING], b"w", 0o755, WHO)
+    for data in (big, b"small"):
+        await upload(spool, q[State.READY], b"a", data)
+        await spool.rename(q[State.READY], b"a", w.id, b"a", 0, WHO)
+        await spool.rename(w.id, b"a", q[State.SUCCESS], b"a", 0, WHO)
+    assert content(spool, spool.lookup(q[State.SUCCESS], b"a").id) == b"small"
+    assert spool.content.blobs.walk() == []  # the big blob's file went with its last reference
+    with pytest.raises(Exists):
+        await upload(spool, q[State.READY], b"z", b"1")
+        await spool.rename(q[State.READY], b"z", w.id, b"z", 0, WHO)
+        await spool.rename(w.id, b"z", q[State.SUCCESS], b"a", RENAME_NOREPLACE, WHO)
+
+
+async def test_links_share_content(env: tuple[Spool, Q]) -> None:
+    spool, q = env
+    data = os.urandom(INLINE_MAX * 3)
+    a = await upload(spool, q[State.READY], b"a", data)
+    b = await spool.link(a, q[State.READY], b"b", WHO)
+    assert spool.get(a).blob == b.blob and spool.nlink_of(b) == 2
+    await spool.unlink(q[State.READY], b"a", WHO)
+    assert content(spool, b.id) == data and spool.nlink_of(spool.get(b.id)) == 1
+
+
+async def test_upload_into_ready_is_hidden_until_closed(env: tuple[Spool, Q]) -> None:
+    spool, q = env
+    e, h = await spool.create(q[State.READY], b"x", 0o644, WHO)
+    spool.write(h, 0, b"data")
+    with pytest.raises(NotFound):
+        spool.lookup(q[State.READY], b"x")
+    assert spool.listdir(q[State.READY]) == []
+    await spool.close(h, WHO)
+    assert spool.lookup(q[State.READY], b"x").size == 4
+
+
+async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    qe = await spool.mkdir(1, b"q", 0o755, WHO)
+    q = Q(spool, qe.id)
+    e, h = await spool.create(q[State.READY], b"x", 0o644, WHO)
+    spool.write(h, 0, b"half")
+    h.close()  # the daemon dies: no release
+    open(os.path.join(tmp_path, "staging", "99999"), "w").close()  # a crash leftover
+    store.close()
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    counts = recover(spool)
+    assert counts["uploads_to_partial"] == 1 and counts["staging_orphans"] == 1
+    assert spool.lookup(q[State.PARTIAL], b"x").staged  # still an upload, in partial/
+    assert spool.listdir(q[State.READY]) == []
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []

@@ -1,0 +1,107 @@
+"""The store contract, run against every engine (the embedded SQLite engine today)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spoolfs.core.errors import Exists
+from spoolfs.core.rules import State
+from spoolfs.store.base import Store, WriteTx
+from spoolfs.store.sqlite import SqliteStore
+
+ENGINES = ["sqlite"]
+
+
+@pytest.fixture(params=ENGINES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s = SqliteStore(str(tmp_path / "meta.db"))
+    yield s
+    s.close()
+
+
+def one(store: Store, fn, durable: bool = True):  # type: ignore[no-untyped-def]
+    ok, value = store.run_batch([fn], durable)[0]
+    if not ok:
+        raise value
+    return value
+
+
+def msg(tx: WriteTx, parent: int, name: bytes, **kw):  # type: ignore[no-untyped-def]
+    return tx.insert(parent=parent, name=name, kind="message", state=State.READY, mode=0o100644,
+                     mtime_ns=1, ctime_ns=1, created_ns=1, **kw)
+
+
+def test_root_exists(store: Store) -> None:
+    root = store.reader().get(1)
+    assert root is not None and root.kind == "root" and root.parent is None
+
+
+def test_insert_lookup_bytes_names(store: Store) -> None:
+    name = b"\xff odd\nname"
+    e = one(store, lambda tx: msg(tx, 1, name))
+    got = store.reader().lookup(1, name)
+    assert got is not None and got.id == e.id and got.name == name and got.state is State.READY
+
+
+def test_move_is_compare_and_set(store: Store) -> None:
+    e = one(store, lambda tx: msg(tx, 1, b"a"))
+    assert one(store, lambda tx: tx.move(e.id, 1, b"a", 1, b"b", state=State.WORKING))
+    # A second mover that saw the old place loses.
+    assert not one(store, lambda tx: tx.move(e.id, 1, b"a", 1, b"c"))
+    assert store.reader().get(e.id).name == b"b"  # type: ignore[union-attr]
+
+
+def test_failed_function_rolls_back_only_itself(store: Store) -> None:
+    def bad(tx: WriteTx) -> None:
+        msg(tx, 1, b"half")
+        raise Exists("no")
+
+    results = store.run_batch([lambda tx: msg(tx, 1, b"x"), bad, lambda tx: msg(tx, 1, b"y")],
+                              durable=True)
+    assert [ok for ok, _ in results] == [True, False, True]
+    r = store.reader()
+    assert r.lookup(1, b"x") and r.lookup(1, b"y") and r.lookup(1, b"half") is None
+
+
+def test_ids_never_reused(store: Store) -> None:
+    a = one(store, lambda tx: msg(tx, 1, b"a"))
+    one(store, lambda tx: tx.delete(a.id))
+    b = one(store, lambda tx: msg(tx, 1, b"a"))
+    assert b.id > a.id
+
+
+def test_blob_refcounts(store: Store) -> None:
+    sha = bytes(32)
+    bid = one(store, lambda tx: tx.blob_insert(sha, 3, b"abc"))
+    assert one(store, lambda tx: tx.blob_ref(bid, 1)) == 1
+    assert one(store, lambda tx: tx.blob_ref(bid, 1)) == 2
+    assert one(store, lambda tx: tx.blob_ref(bid, -2)) == 0
+    assert one(store, lambda tx: tx.blob_by_sha(sha)).data == b"abc"
+    with pytest.raises(Exception):
+        one(store, lambda tx: tx.blob_insert(sha, 3, b"abc"))  # one row per content
+
+
+def test_xattrs_follow_links_and_cascade(store: Store) -> None:
+    a = one(store, lambda tx: msg(tx, 1, b"a"))
+    one(store, lambda tx: tx.set_xattr(a.id, b"user.k", b"v"))
+    b = one(store, lambda tx: msg(tx, 1, b"b"))
+    one(store, lambda tx: tx.copy_xattrs(a.id, b.id))
+    assert store.reader().xattrs(b.id) == {b"user.k": b"v"}
+    one(store, lambda tx: tx.delete(a.id))
+    assert store.reader().xattrs(a.id) == {}
+
+
+def test_two_handles_on_one_file_see_each_other(tmp_path: Path) -> None:
+    s1 = SqliteStore(str(tmp_path / "m.db"))
+    s2 = SqliteStore(str(tmp_path / "m.db"))
+    try:
+        e = one(s1, lambda tx: msg(tx, 1, b"a"))
+        assert s2.reader().get(e.id) is not None
+        assert one(s2, lambda tx: tx.move(e.id, 1, b"a", 1, b"b"))
+        assert not one(s1, lambda tx: tx.move(e.id, 1, b"a", 1, b"c"))
+    finally:
+        s1.close()
+        s2.close()
