@@ -97,10 +97,7 @@ class Spool:
     def nlink_of(self, e: Entry) -> int:
         if e.kind != "message":
             return 2
-        if e.blob is not None:
-            b = self.r.blob(e.blob)
-            return b.refcount if b is not None else 1
-        return 1
+        return e.refs or 1
 
     @staticmethod
     def dir_kind(e: Entry) -> DirKind:

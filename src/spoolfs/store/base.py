@@ -47,6 +47,7 @@ class Entry:
     attempts: int
     consumer: str | None
     error: bytes | None
+    refs: int | None = None  # references to its blob: the link count
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Entry:

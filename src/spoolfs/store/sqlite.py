@@ -19,8 +19,9 @@ from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, WriteT
 
 log = logging.getLogger(__name__)
 
-_COLS = ", ".join(ENTRY_COLUMNS)
-_SEL = f"SELECT {_COLS} FROM entries"
+_COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
+# The blob's reference count rides along: it is the message's link count.
+_SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
 BUSY_TIMEOUT_MS = 30_000
 
 
@@ -39,15 +40,15 @@ class SqliteRead(ReadTx):
         self.conn = conn
 
     def get(self, entry_id: int) -> Entry | None:
-        row = self.conn.execute(f"{_SEL} WHERE id=?", (entry_id,)).fetchone()
+        row = self.conn.execute(f"{_SEL} WHERE e.id=?", (entry_id,)).fetchone()
         return Entry.from_row(row) if row else None
 
     def lookup(self, parent: int, name: bytes) -> Entry | None:
-        row = self.conn.execute(f"{_SEL} WHERE parent=? AND name=?", (parent, name)).fetchone()
+        row = self.conn.execute(f"{_SEL} WHERE e.parent=? AND e.name=?", (parent, name)).fetchone()
         return Entry.from_row(row) if row else None
 
     def children(self, parent: int) -> list[Entry]:
-        rows = self.conn.execute(f"{_SEL} WHERE parent=? ORDER BY id", (parent,)).fetchall()
+        rows = self.conn.execute(f"{_SEL} WHERE e.parent=? ORDER BY e.id", (parent,)).fetchall()
         return [Entry.from_row(r) for r in rows]
 
     def has_children(self, parent: int) -> bool:
@@ -69,7 +70,7 @@ class SqliteRead(ReadTx):
             (entry_id,)).fetchall()
 
     def all_entries(self) -> list[Entry]:
-        return [Entry.from_row(r) for r in self.conn.execute(f"{_SEL} ORDER BY id")]
+        return [Entry.from_row(r) for r in self.conn.execute(f"{_SEL} ORDER BY e.id")]
 
     def all_blobs(self) -> list[Blob]:
         return [Blob(*r) for r in
