@@ -289,7 +289,7 @@ class Operations(pyfuse3.Operations):
         # close(2) waits for FLUSH but not for RELEASE. FLUSH also comes when a child closes
         # an inherited copy (at exec), so publish only once the opener holds it no more.
         h = self._handles[fh]
-        if h.writable and not h.done and not _holds(h.opener, self._ino(h.entry_id)):
+        if self.spool.awaits_publish(h) and not _holds(h.opener, self._ino(h.entry_id)):
             await self.spool.publish_at_close(h, Who(pid=h.opener))
 
     @_guard

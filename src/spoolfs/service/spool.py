@@ -243,16 +243,20 @@ class Spool:
         await self.tx(lambda tx: tx.update(e.id, size=size, mtime_ns=now, ctime_ns=now),
                       durable=False)
 
+    def awaits_publish(self, h: Handle) -> bool:
+        """Whether closing ``h`` would publish an upload into ``ready/``."""
+        if not h.writable or h.done or self._writers.get(h.entry_id, 0) > 1:
+            return False
+        e = self.r.get(h.entry_id)
+        return e is not None and e.hidden
+
     async def publish_at_close(self, h: Handle, who: Who) -> None:
         """The opener closed its descriptor and holds no other: an upload into ``ready/``
         appears now, durable before ``close(2)`` returns (``cp x ready/`` then exits 0 only
         once the message is safe). Later writes through a copy of the descriptor are refused."""
-        if not h.writable or h.done or self._writers.get(h.entry_id, 0) > 1:
-            return
-        e = self.r.get(h.entry_id)
-        if e is not None and e.hidden:
+        if self.awaits_publish(h):
             h.done = True
-            await self._publish_settled(e, who)
+            await self._publish_settled(self.get(h.entry_id), who)
 
     async def close(self, h: Handle, who: Who) -> None:
         """The last handle records the size, or publishes a pending upload into ``ready/``.
