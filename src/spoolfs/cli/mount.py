@@ -13,9 +13,11 @@ from spoolfs.runtime import default_store
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spoolfs", description="Mount a spool: a durable work queue "
+    p = argparse.ArgumentParser(prog="spoolfs", usage="spoolfs [STORE] MOUNTPOINT [options]",
+                                description="Mount a spool: a durable work queue "
                                 "driven by mv, cp, ln and rm. Subcommands: umount, fsck, bench.")
-    p.add_argument("paths", nargs="+", metavar="[STORE] MOUNTPOINT")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="[STORE] MOUNTPOINT; STORE defaults to /var/lib/spoolfs for root")
     p.add_argument("--queue", help="root the mount at one queue (created if missing)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", action="append", default=[],

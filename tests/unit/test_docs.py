@@ -1,0 +1,159 @@
+"""The documentation says what the code does: its tables are rendered here from ``core.rules``,
+``core.errors`` and ``store.schema`` and must appear in the docs word for word, and the
+README's test command is what CI runs.
+
+When a rule changes, print the tables to paste into docs/design.md with:
+``python tests/unit/test_docs.py``
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spoolfs.core import errors, rules
+from spoolfs.core.rules import Kind, Scope
+from spoolfs.store import schema
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DESIGN = ROOT / "docs" / "design.md"
+ERRNO = ROOT / "docs" / "errno.md"
+CI = ROOT / ".ci" / "run"
+EXAMPLES = ROOT / "mount-examples"
+REFUSED = "EPERM"
+
+
+def label(kind: Kind) -> str:
+    """How the docs name where a message sits: its state directory, and in ``ready/`` a name
+    with a leading dot (an upload under a staging name, never claimable)."""
+    return "`ready/.name`" if kind is Kind.STAGING else f"`{kind.value}/`"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def renames_table() -> str:
+    """Every allowed rename of a message (``rules.RENAMES``); an empty cell is refused."""
+    scopes = list(Scope)
+    rows = [[label(src), label(dst), *(f"**{by_scope[s].value}**" if s in by_scope else REFUSED
+                                       for s in scopes)]
+            for (src, dst), by_scope in rules.RENAMES.items()]
+    return table(["from", "to", *(s.value for s in scopes)], rows)
+
+
+def kinds_table() -> str:
+    """Per kind: what create, link and unlink mean, and whether a rename may replace it."""
+    def action(table: dict[Kind, rules.Action], kind: Kind) -> str:
+        return table[kind].value if kind in table else REFUSED
+
+    rows = [[label(k), action(rules.CREATES, k), action(rules.LINKS, k),
+             action(rules.UNLINKS, k),
+             "replaced" if k in rules.REPLACEABLE else "EEXIST",
+             "yes" if k in rules.MUTABLE else "no (EPERM)"]
+            for k in Kind]
+    return table(["where", "create", "link into", "unlink", "rename onto an existing name",
+                  "content writable"], rows)
+
+
+def durable_line() -> str:
+    """Which actions are on disk (fsynced) before the call returns."""
+    durable = [f"`{a.value}`" for a in rules.Action if a in rules.DURABLE]
+    lazy = [f"`{a.value}`" for a in rules.Action if a not in rules.DURABLE]
+    return f"Committed with fsync before the call returns: {', '.join(durable)}. " \
+           f"Committed without waiting for the disk: {', '.join(lazy)}."
+
+
+def render() -> str:
+    return f"{renames_table()}\n\n{kinds_table()}\n\n{durable_line()}"
+
+
+def test_design_doc_shows_the_rename_table_of_core_rules() -> None:
+    assert renames_table() in DESIGN.read_text(), \
+        "docs/design.md's rename table differs from rules.RENAMES; " \
+        "paste the output of `python tests/unit/test_docs.py`"
+
+
+def test_design_doc_shows_create_link_unlink_and_durability_of_core_rules() -> None:
+    text = DESIGN.read_text()
+    assert kinds_table() in text, "docs/design.md's per-kind table differs from core.rules"
+    assert durable_line() in text, "docs/design.md's durability line differs from rules.DURABLE"
+
+
+def spool_errors() -> list[type[errors.SpoolError]]:
+    found, todo = [], [errors.SpoolError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [c for c in found if c.__module__ == errors.__name__]
+
+
+def errno_name(code: int) -> str:
+    # Python names 95 ENOTSUP; Linux documents the FUSE and fallocate answer as EOPNOTSUPP.
+    return "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode[code]
+
+
+def test_errno_doc_names_every_error_class_with_its_errno() -> None:
+    text = ERRNO.read_text()
+    for cls in spool_errors():
+        row = f"| `{cls.__name__}` | {errno_name(cls.errno)} | {os.strerror(cls.errno)} |"
+        assert row in text, f"docs/errno.md lacks the row {row!r}"
+
+
+def test_design_doc_shows_the_schema_of_store_schema() -> None:
+    assert f"```sql\n{schema.TABLES.strip()}\n```" in DESIGN.read_text(), \
+        "docs/design.md's schema differs from store/schema.py"
+
+
+def ci_command() -> str:
+    lines = [line for line in CI.read_text().splitlines()
+             if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert len(lines) == 1, f".ci/run should run one command, the README's: {lines}"
+    return lines[0]
+
+
+def test_ci_runs_the_readme_test_command_word_for_word() -> None:
+    readme_lines = README.read_text().splitlines()
+    command = ci_command()
+    assert command in readme_lines, f"README.md does not show .ci/run's command: {command}"
+    assert command.endswith("python -m pytest -q")
+    text = CI.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in text
+    assert os.access(CI, os.X_OK), ".ci/run must be executable"
+
+
+def test_readme_set_up_commands_install_the_same_system_packages() -> None:
+    apt = re.findall(r"apt-get install -y ([a-z0-9. -]+?) &&", README.read_text())
+    assert len(apt) >= 2 and len(set(apt)) == 1, f"the README's set-up commands differ: {apt}"
+    assert set(apt[0].split()) >= {"fuse3", "libfuse3-dev", "attr"}
+
+
+@pytest.mark.parametrize("script", ["producer.sh", "consumer.sh"])
+def test_example_scripts_are_executable_bash(script: str) -> None:
+    path = EXAMPLES / script
+    assert os.access(path, os.X_OK), f"{path} is not executable"
+    res = subprocess.run(["bash", "-n", str(path)], check=False, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([str(path), "-h"], check=False, capture_output=True, text=True)
+    assert res.returncode == 0 and "Usage:" in res.stderr, res.stderr
+
+
+def test_docs_name_no_machine_specific_paths() -> None:
+    files = [README, CI, *sorted((ROOT / "docs").glob("*.md")),
+             *sorted(p for p in EXAMPLES.iterdir() if p.is_file())]
+    for path in files:
+        for bad in ("/work/", "/tmp/venv", "/root/"):
+            assert bad not in path.read_text(), f"{path.relative_to(ROOT)} mentions {bad}"
+
+
+if __name__ == "__main__":
+    print(render())
