@@ -12,19 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, Queue, become_subreaper, fuse_problems
-
-MOUNT_FIXTURES = {"mounter", "mount", "queue", "module_mount", "fresh_queue"}
+from helpers import Mount, MountFactory, Queue, become_subreaper, fuse_problems
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
-    unmarked = [item.nodeid for item in items
-                if MOUNT_FIXTURES & set(getattr(item, "fixturenames", ()))
-                and item.get_closest_marker("fuse") is None]
-    if unmarked:
-        raise pytest.UsageError("tests that mount must be marked @pytest.mark.fuse: "
-                                + ", ".join(unmarked))
     if not any(item.get_closest_marker("fuse") for item in items):
         return
     problems = fuse_problems()
@@ -36,10 +28,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     become_subreaper()
 
 
+TRACEBACK = "Traceback (most recent call last)"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    item._spoolfs_log_offsets = {m: m.log_size() for m in Mount.live}  # type: ignore[attr-defined]
-    return (yield)
+    """Remember where each daemon log stood, and fail a passing test whose daemon logged an
+    internal error meanwhile: that is a request answered with EIO, which a test accepting "any
+    refusal" would otherwise let through."""
+    offsets = {m: m.log_size() for m in Mount.live}
+    item._spoolfs_log_offsets = offsets  # type: ignore[attr-defined]
+    result = yield
+    for m in {*offsets, *getattr(item, "_spoolfs_mounts", [])}:
+        lines = m.log_text(since=offsets.get(m, 0)).splitlines()
+        hits = [i for i, line in enumerate(lines) if TRACEBACK in line]
+        if hits:
+            excerpt = "\n".join(lines[max(hits[0] - 2, 0):hits[0] + 40])
+            raise AssertionError(f"the daemon of {m} logged {len(hits)} internal error(s) "
+                                 f"during this test; the first:\n{excerpt}")
+    return result
 
 
 @pytest.hookimpl(wrapper=True)
@@ -57,7 +64,10 @@ def pytest_runtest_makereport(item: pytest.Item,
     return report
 
 
-MountFactory = Callable[..., Mount]
+def _require_fuse_marker(node: pytest.Item | pytest.Collector) -> None:
+    # `-m 'not fuse'` must deselect every test that mounts
+    if node.get_closest_marker("fuse") is None:
+        raise pytest.UsageError(f"{node.nodeid} mounts but is not marked @pytest.mark.fuse")
 
 
 def _factory(base: Path, registry: list[Mount]) -> MountFactory:
@@ -99,6 +109,7 @@ def mounter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MountFac
     Every mount made through it is unmounted at teardown, and its log is attached to the report
     when the test fails.
     """
+    _require_fuse_marker(request.node)
     mounts: list[Mount] = []
     request.node._spoolfs_mounts = mounts
     yield _factory(tmp_path, mounts)
@@ -118,8 +129,10 @@ def queue(mount: Mount, tmp_path: Path) -> Queue:
 
 
 @pytest.fixture(scope="module")
-def module_mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
+def module_mount(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
     """One whole-spool mount shared by a module (each test takes its own queues)."""
+    _require_fuse_marker(request.node)
     base = tmp_path_factory.mktemp("spool")
     mounts: list[Mount] = []
     try:

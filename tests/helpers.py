@@ -152,7 +152,8 @@ def fails(*argv: Arg, message: str | None = None, cwd: Arg | None = None) -> str
     err = res.stderr.decode(errors="replace")
     assert res.returncode != 0, f"`{_show(argv)}` succeeded but must fail"
     if message is not None:
-        assert message in err, f"`{_show(argv)}` failed, but stderr lacks {message!r}: {err.strip()}"
+        assert message in err, \
+            f"`{_show(argv)}` failed, but stderr lacks {message!r}: {err.strip()}"
     return err
 
 
@@ -339,6 +340,10 @@ class Mount:
                 wait_until(lambda: process_exited(pid), timeout=10, what="killed daemon exit")
         if mounted(self.path):
             raise AssertionError(f"could not unmount {self.path}")
+
+
+#: ``mounter(store=None, path=None, *, queue=None, extra=(), start=True) -> Mount`` (conftest)
+MountFactory = Callable[..., Mount]
 
 
 # --------------------------------------------------------------------------- queues
@@ -593,8 +598,9 @@ def start_claimers(queue_dirs: Sequence[Path], consumers: Sequence[str], logdir:
     procs = []
     for i, c in enumerate(consumers):
         log, err = logdir / f"claims-{c}", logdir / f"errors-{c}"
-        p = subprocess.Popen(["bash", "-c", CLAIM_LOOP, "claim", str(queue_dirs[i % len(queue_dirs)]),
-                              c, str(log), str(err), str(limit)],
+        qdir = queue_dirs[i % len(queue_dirs)]
+        p = subprocess.Popen(["bash", "-c", CLAIM_LOOP, "claim", str(qdir), c, str(log), str(err),
+                              str(limit)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
         procs.append((c, p, log, err))
@@ -615,7 +621,8 @@ def finish_claimers(procs: list[tuple[str, subprocess.Popen[bytes], Path, Path]]
             problems.append(f"consumer {c} did not finish in {timeout}s")
             continue
         if p.returncode != 0:
-            problems.append(f"consumer {c} exited {p.returncode}: {stderr.decode(errors='replace')}")
+            problems.append(
+                f"consumer {c} exited {p.returncode}: {stderr.decode(errors='replace')}")
         claims[c] = consumed_names(log)
         if err.exists():
             # A lost race is ENOENT (DESIGN §3: "the others get ENOENT"), nothing else.

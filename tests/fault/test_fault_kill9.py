@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, Queue, consumed_names, ok, spoolfs_cli, wait_until
+from helpers import Mount, MountFactory, Queue, consumed_names, ok, spoolfs_cli, wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -129,7 +129,7 @@ def check_nothing_lost(q: Queue, pad: bytes, published: set[str], finished: set[
         assert path.read_bytes() == expected, f"{place}/{n} has wrong content after kill -9"
 
 
-def test_kill9_under_load_loses_and_duplicates_nothing(mounter, store: Path,
+def test_kill9_under_load_loses_and_duplicates_nothing(mounter: MountFactory, store: Path,
                                                        tmp_path: Path) -> None:
     m: Mount = mounter(store, tmp_path / "mnt")
     q = Queue.create(m.path, "q", tmp_path / "scratch")
@@ -168,7 +168,8 @@ def test_kill9_under_load_loses_and_duplicates_nothing(mounter, store: Path,
         fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
 
 
-def test_kill9_while_writing_into_ready_never_publishes_a_torn_file(mounter, store: Path,
+def test_kill9_while_writing_into_ready_never_publishes_a_torn_file(mounter: MountFactory,
+                                                                    store: Path,
                                                                     tmp_path: Path) -> None:
     m: Mount = mounter(store, tmp_path / "mnt")
     q = Queue.create(m.path, "q", tmp_path / "scratch")
@@ -199,7 +200,8 @@ def test_kill9_while_writing_into_ready_never_publishes_a_torn_file(mounter, sto
 
 
 @pytest.mark.parametrize("how", ["cp into ready", "mv partial to ready"])
-def test_publish_survives_kill9_right_after_it_returned(mounter, store: Path, tmp_path: Path,
+def test_publish_survives_kill9_right_after_it_returned(mounter: MountFactory, store: Path,
+                                                       tmp_path: Path,
                                                        how: str) -> None:
     """§6: when a publish returns success it survives kill -9. For ``cp x ready/`` the success
     is cp's exit 0 (its close returned), so the daemon may not defer the publish to the

@@ -22,6 +22,7 @@ from helpers import (
     process_exited,
     read,
     spoolfs_cli,
+    visible,
     wait_until,
 )
 
@@ -32,7 +33,7 @@ def test_mount_returns_when_ready_and_logs_its_pid(mount: Mount) -> None:
     assert os.path.ismount(mount.path)
     assert mount.store.is_dir(), "STORE is created when missing"
     assert not process_exited(mount.pid), "the pid in the log is not a running process"
-    assert os.listdir(mount.path) is not None
+    assert visible(ls(mount.path)) == []
 
 
 def test_missing_mountpoint_is_one_line_error(store: Path, tmp_path: Path) -> None:

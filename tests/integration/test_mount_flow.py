@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import STATES, Mount, ls, make_content, ok, read, sha256, visible, xattr_text
+from helpers import STATES, Mount, Queue, ls, make_content, ok, read, sha256, visible, xattr_text
 
 pytestmark = pytest.mark.fuse
 
@@ -61,7 +61,7 @@ def test_design_walkthrough(mount: Mount, tmp_path: Path) -> None:
         "sha256:") == sha256(data)
 
 
-def test_direct_publish_is_visible_when_cp_returns(queue, tmp_path: Path) -> None:
+def test_direct_publish_is_visible_when_cp_returns(queue: Queue, tmp_path: Path) -> None:
     """``cp x ready/`` is the safe direct publish of §1/§3: when cp has closed the file and
     exited 0, the message is in ready/ (a script's next command may claim it). Publishing only
     on the asynchronous FUSE RELEASE would also lose a publish error after cp reported success
@@ -78,7 +78,7 @@ def test_direct_publish_is_visible_when_cp_returns(queue, tmp_path: Path) -> Non
     assert read(queue.success / "direct") == data
 
 
-def test_empty_message_round_trip(queue) -> None:
+def test_empty_message_round_trip(queue: Queue) -> None:
     queue.publish("empty", b"")
     queue.claim("empty")
     queue.finish("empty")

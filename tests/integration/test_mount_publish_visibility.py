@@ -127,7 +127,8 @@ def test_file_being_written_into_ready_cannot_be_claimed(queue: Queue) -> None:
     fd = os.open(queue.ready / "slow", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, data[:1000])
-        fails("mv", queue.ready / "slow", queue.working / "w1/", message="No such file or directory")
+        fails("mv", queue.ready / "slow", queue.working / "w1/",
+              message="No such file or directory")
         assert ls(queue.working / "w1") == []
         os.write(fd, data[1000:])
     finally:

@@ -1,4 +1,4 @@
-"""``spoolfs --queue NAME`` roots the mount at one queue (DESIGN §2): the state dirs are at the top."""
+"""``spoolfs --queue NAME`` roots the mount at one queue (DESIGN §2): state dirs at the top."""
 
 from __future__ import annotations
 
@@ -8,12 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from helpers import STATES, Queue, expect_errno, fails, ls, make_content, ok, read, visible
+from helpers import (
+    STATES,
+    MountFactory,
+    Queue,
+    expect_errno,
+    fails,
+    ls,
+    make_content,
+    ok,
+    read,
+    visible,
+)
 
 pytestmark = pytest.mark.fuse
 
 
-def test_queue_mount_shows_an_existing_queue_at_the_top(mounter, store: Path,
+def test_queue_mount_shows_an_existing_queue_at_the_top(mounter: MountFactory, store: Path,
                                                         tmp_path: Path) -> None:
     whole = mounter(store, tmp_path / "spool")
     q = Queue.create(whole.path, "uploads", tmp_path / "scratch")
@@ -43,7 +54,7 @@ def test_queue_mount_shows_an_existing_queue_at_the_top(mounter, store: Path,
     assert ls(whole.path / "uploads/ready") == ["waiting.csv"]
 
 
-def test_queue_mount_of_a_new_store_creates_the_queue(mounter, store: Path,
+def test_queue_mount_of_a_new_store_creates_the_queue(mounter: MountFactory, store: Path,
                                                       tmp_path: Path) -> None:
     """A drop-in for an existing ``/var/lib/uploads/{partial,ready,...}`` layout starts empty."""
     top = mounter(store, tmp_path / "uploads", queue="uploads")
@@ -54,7 +65,8 @@ def test_queue_mount_of_a_new_store_creates_the_queue(mounter, store: Path,
     assert ls(top.path / "ready") == ["a"]
 
 
-def test_queue_mount_top_level_is_the_queue_dir(mounter, store: Path, tmp_path: Path) -> None:
+def test_queue_mount_top_level_is_the_queue_dir(mounter: MountFactory, store: Path,
+                                                tmp_path: Path) -> None:
     top = mounter(store, tmp_path / "uploads", queue="uploads")
     fails("mkdir", top.path / "other", message="Operation not permitted")
     expect_errno(errno.EPERM, os.mkdir, top.path / "other")

@@ -103,6 +103,18 @@ def test_publish_into_another_queue(fresh_queue: Callable[[], Queue]) -> None:
     assert read(second.ready / "m") == data
 
 
+def test_claim_and_finish_may_rename(q: Queue) -> None:
+    """§3: ``ready/f → working/[c/]g`` and ``working/[c/]f → success/g``: the name may change."""
+    data = q.publish("in.csv")
+    q.consumer("w1")
+    ok("mv", q.ready / "in.csv", q.working / "w1/processing.csv")
+    assert ls(q.working / "w1") == ["processing.csv"]
+    assert xattr_text(q.working / "w1/processing.csv", "user.spool.state") == "working"
+    ok("mv", q.working / "w1/processing.csv", q.success / "done.csv")
+    assert ls(q.success) == ["done.csv"]
+    assert read(q.success / "done.csv") == data
+
+
 def test_hand_over_between_consumer_views(q: Queue) -> None:
     data = q.publish("m")
     q.claim("m", "w1")
