@@ -16,6 +16,7 @@ The figure of each workload is the median of its rounds. Nothing here is a pass/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,7 +29,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,35 @@ class BenchError(Exception):
     """A workload did something wrong (not merely slowly)."""
 
 
+# Ctrl-C sets this flag and the workloads stop at the next file boundary: an interrupt raised
+# inside a blocking call on the mount could leave an fd open, and the mount busy. A second
+# Ctrl-C interrupts at once.
+_stop = threading.Event()
+
+
+def check_stop() -> None:
+    if _stop.is_set():
+        raise KeyboardInterrupt
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    if _stop.is_set():
+        raise KeyboardInterrupt
+    _stop.set()
+    progress("interrupted: stopping at the next file, then unmounting (Ctrl-C again to force)")
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    _stop.clear()
+    old = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+        check_stop()
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 # --------------------------------------------------------------------------- the two sides
 
 
@@ -101,35 +130,36 @@ class Side:
         return q
 
 
-def write_all(fd: int, data: bytes | memoryview) -> None:
+def write_all(fd: int, data: bytes | bytearray) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def put(q: Queue, name: str, data: bytes, fsync: bool, ready_fd: int = -1) -> None:
-    """Write ``partial/name`` and publish it into ready/ (the untimed set-up of claims)."""
-    src, dst = os.path.join(q.state("partial"), name), os.path.join(q.state("ready"), name)
-    fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        write_all(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(src, dst)
-    if fsync:
-        os.fsync(ready_fd)
+NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
 
-@contextmanager
-def dir_fd(path: str, wanted: bool = True) -> Iterator[int]:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY) if wanted else -1
+@contextlib.contextmanager
+def opened(path: str, flags: int, wanted: bool = True) -> Iterator[int]:
+    """An fd closed however the block ends (an fd left open would keep the mount busy)."""
+    fd = os.open(path, flags, 0o644) if wanted else -1
     try:
         yield fd
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def dir_fd(path: str, wanted: bool) -> contextlib.AbstractContextManager[int]:
+    return opened(path, os.O_RDONLY | os.O_DIRECTORY, wanted)
+
+
+def put(q: Queue, name: str, data: bytes) -> None:
+    """Write ``partial/name`` and publish it into ready/ (untimed set-up, so no fsync)."""
+    src, dst = os.path.join(q.state("partial"), name), os.path.join(q.state("ready"), name)
+    with opened(src, NEW) as fd:
+        write_all(fd, data)
+    os.rename(src, dst)
 
 
 # --------------------------------------------------------------------------- workloads
@@ -151,14 +181,14 @@ def small_cycle(q: Queue, n: int, fsync: bool) -> Round:
     with dir_fd(ready, fsync) as ready_fd:
         start = clock()
         for i in range(n):
+            check_stop()
             name = f"f{i:06d}"
             data = b"%08d" % i + base[8:]
             t0 = clock()
-            fd = os.open(os.path.join(partial, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            write_all(fd, data)
-            if fsync:
-                os.fsync(fd)
-            os.close(fd)
+            with opened(os.path.join(partial, name), NEW) as fd:
+                write_all(fd, data)
+                if fsync:
+                    os.fsync(fd)
             t1 = clock()
             os.rename(os.path.join(partial, name), os.path.join(ready, name))
             if fsync:
@@ -166,9 +196,8 @@ def small_cycle(q: Queue, n: int, fsync: bool) -> Round:
             t2 = clock()
             os.rename(os.path.join(ready, name), os.path.join(work, name))
             t3 = clock()
-            fd = os.open(os.path.join(work, name), os.O_RDONLY)
-            got = os.read(fd, 2 * SMALL_SIZE)
-            os.close(fd)
+            with opened(os.path.join(work, name), os.O_RDONLY) as fd:
+                got = os.read(fd, 2 * SMALL_SIZE)
             t4 = clock()
             os.rename(os.path.join(work, name), os.path.join(success, name))
             t5 = clock()
@@ -180,17 +209,17 @@ def small_cycle(q: Queue, n: int, fsync: bool) -> Round:
     return Round(n / elapsed, {"steps_us": {s: round(t / n * 1e6, 1) for s, t in spent.items()}})
 
 
-def claims(q: Queue, n: int, consumers: int, fsync: bool) -> Round:
+def claims(q: Queue, n: int, consumers: int) -> Round:
     """Pre-publish n files, then K threads scan the same names in the same order and claim with
     rename into their own view; ENOENT is a lost race. Rate: claims per second."""
     names = [f"m{i:06d}" for i in range(n)]
-    with dir_fd(q.state("ready"), fsync) as ready_fd:
-        for i, name in enumerate(names):
-            put(q, name, b"%08d\n" % i, fsync, ready_fd)
+    for i, name in enumerate(names):
+        check_stop()
+        put(q, name, b"%08d\n" % i)
     ready = q.state("ready")
     won: list[list[str]] = [[] for _ in range(consumers)]
     lost = [0] * consumers
-    failures: list[BaseException] = []
+    failures: list[Exception] = []
     barrier = threading.Barrier(consumers + 1)
 
     def consume(c: int) -> None:
@@ -198,13 +227,15 @@ def claims(q: Queue, n: int, consumers: int, fsync: bool) -> Round:
         barrier.wait()
         try:
             for name in names:
+                if _stop.is_set():
+                    return
                 try:
                     os.rename(os.path.join(ready, name), os.path.join(dst, name))
                 except FileNotFoundError:
                     lost[c] += 1
                 else:
                     won[c].append(name)
-        except BaseException as e:  # reported by the main thread
+        except Exception as e:  # noqa: BLE001 (re-raised by the main thread)
             failures.append(e)
 
     threads = [threading.Thread(target=consume, args=(c,), daemon=True) for c in range(consumers)]
@@ -215,6 +246,7 @@ def claims(q: Queue, n: int, consumers: int, fsync: bool) -> Round:
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
+    check_stop()
     if failures:
         raise BenchError(f"a consumer failed: {failures[0]!r}")
     problems = verify_claims(q, names, won)
@@ -241,8 +273,9 @@ def shell_cycle(q: Queue, n: int, src: str) -> Round:
     """The cycle as one sh loop of cp, mv, mv, cat, mv processes (5 per file)."""
     start = time.perf_counter()
     res = subprocess.run(["sh", "-c", SHELL_CYCLE, "sh", src, q.path, str(n)],
-                         capture_output=True, text=True)
+                         check=False, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    check_stop()  # Ctrl-C reaches sh too
     if res.returncode != 0:
         raise BenchError(f"shell cycle failed in {q.path}: {res.stderr.strip()[-500:]}")
     return Round(n / elapsed)
@@ -255,22 +288,22 @@ def large_file(q: Queue, mib: int, fsync: bool) -> Round:
     src, dst = os.path.join(q.state("partial"), "big"), os.path.join(q.state("ready"), "big")
     with dir_fd(q.state("ready"), fsync) as ready_fd:
         start = time.perf_counter()
-        fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        for i in range(mib):
-            buf[:8] = i.to_bytes(8, "big")
-            write_all(fd, buf)
-        if fsync:
-            os.fsync(fd)
-        os.close(fd)
+        with opened(src, NEW) as fd:
+            for i in range(mib):
+                check_stop()
+                buf[:8] = i.to_bytes(8, "big")
+                write_all(fd, buf)
+            if fsync:
+                os.fsync(fd)
         os.rename(src, dst)
         if fsync:
             os.fsync(ready_fd)
         written = time.perf_counter()
-    fd = os.open(dst, os.O_RDONLY)
     total = 0
-    while chunk := os.read(fd, CHUNK):
-        total += len(chunk)
-    os.close(fd)
+    with opened(dst, os.O_RDONLY) as fd:
+        while chunk := os.read(fd, CHUNK):
+            check_stop()
+            total += len(chunk)
     done = time.perf_counter()
     if total != mib * CHUNK:
         raise BenchError(f"{dst}: read back {total} bytes of {mib * CHUNK}")
@@ -302,6 +335,7 @@ def run_rounds(result: Result, sides: dict[str, Side], rounds: int, tag: str,
     """Alternate plain, spoolfs, plain, spoolfs ...; each round in a fresh queue."""
     for r in range(rounds):
         for name in SIDES:
+            check_stop()
             progress(f"{result.label}: round {r + 1}/{rounds}, {name}")
             result.rounds[name].append(one(sides[name], f"{tag}-r{r}"))
     return result
@@ -318,7 +352,7 @@ def run_workloads(args: argparse.Namespace, sides: dict[str, Side], scratch: str
         out["small"]["steps_us"] = {s: median_steps(res.rounds[s]) for s in SIDES}
     if "claims" in args.only:
         res = run_rounds(Result(f"claims, {k} consumers", "claims/s"), sides, args.rounds,
-                         "claims", lambda s, q: claims(s.queue(q, k), args.files, k, s.fsync))
+                         "claims", lambda s, q: claims(s.queue(q, k), args.files, k))
         out["claims"] = res.summary()
         for key in ("lost_races", "wins"):
             out["claims"][key] = {s: [r.extra[key] for r in res.rounds[s]] for s in SIDES}
@@ -352,7 +386,7 @@ def mount(store: str, mnt: str, log: str) -> int:
     # stderr to a file, not a pipe: the forked daemon must not hold our pipe open.
     with tempfile.TemporaryFile() as err:
         res = subprocess.run([sys.executable, "-m", "spoolfs", store, mnt, "--log-file", log],
-                             stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+                             check=False, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         err.seek(0)
         message = err.read().decode(errors="replace").strip()
     if res.returncode != 0:
@@ -372,7 +406,7 @@ def unmount(mnt: str) -> bool:
             if not os.path.ismount(mnt):
                 return True
             res = subprocess.run([sys.executable, "-m", "spoolfs", "umount", mnt],
-                                 capture_output=True, text=True)
+                                 check=False, capture_output=True, text=True)
             if res.returncode == 0:
                 return True
             progress(f"umount {mnt}: {res.stderr.strip()}; retrying")
@@ -444,7 +478,8 @@ def render(report: dict[str, Any]) -> str:
                     "; every file claimed exactly once: "
                     + ("yes" if c["verified"] else "NO: " + "; ".join(c["problems"])))
     fs = report["filesystem"]
-    rows.append(f"\nfilesystem: {fs['type']} at {report['dir']}; plain dirs and store "
+    memory = " (in memory, not a disk!)" if fs["type"] in ("tmpfs", "ramfs") else ""
+    rows.append(f"\nfilesystem: {fs['type']}{memory} at {report['dir']}; plain dirs and store "
                 + ("on the same filesystem" if fs["same"] else "on DIFFERENT filesystems"))
     for side in SIDES:
         rows.append(f"durability, {side}: {report['durability'][side]}")
@@ -507,22 +542,24 @@ def bench(args: argparse.Namespace, base: str) -> int:
                        "same": os.stat(plain).st_dev == os.stat(store).st_dev},
     }
     try:
-        report["daemon_pid"] = mount(store, mnt, log)
-        progress(f"spoolfs mounted on {mnt} (daemon pid {report['daemon_pid']}); plain dirs in "
-                 f"{plain}; {report['filesystem']['type']}")
-        sides = {"plain": Side("plain", plain, True), "spoolfs": Side("spoolfs", mnt, False)}
-        report["results"] = run_workloads(args, sides, base)
+        with deferred_interrupts():
+            report["daemon_pid"] = mount(store, mnt, log)
+            progress(f"spoolfs mounted on {mnt} (daemon pid {report['daemon_pid']}); plain dirs "
+                     f"in {plain}; {report['filesystem']['type']}")
+            sides = {"plain": Side("plain", plain, True), "spoolfs": Side("spoolfs", mnt, False)}
+            report["results"] = run_workloads(args, sides, base)
     except (OSError, BenchError) as e:
         print(f"spoolfs bench: {e}", file=sys.stderr)
         print(f"daemon log ({log}), last lines:\n{tail(log)}", file=sys.stderr)
         return 1
     finally:
-        if not unmount(mnt):
+        unmounted = unmount(mnt)
+        if not unmounted:
             print(f"spoolfs bench: could not unmount {mnt}", file=sys.stderr)
-    report["ok"] = report["results"].get("claims", {}).get("verified", True)
+    verified = report["results"].get("claims", {}).get("verified", True)
+    report["ok"] = verified and unmounted
     print(json.dumps(report, indent=2) if args.json else render(report))
-    if not report["ok"]:
+    if not verified:
         print("spoolfs bench: claim verification failed: a file was not claimed exactly once",
               file=sys.stderr)
-        return 1
-    return 0
+    return 0 if report["ok"] else 1
