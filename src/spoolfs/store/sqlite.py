@@ -229,9 +229,6 @@ class SqliteStore(Store):
             raise
         return results
 
-    def checkpoint(self) -> None:
-        self._wconn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-
     def close(self) -> None:
         self._rconn.close()
         self._wconn.close()
