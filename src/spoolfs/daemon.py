@@ -11,8 +11,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from spoolfs.core.errors import UserError
-from spoolfs.core.names import check_ident
+from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.fuse.ops import Operations
 from spoolfs.runtime import pidfile
 from spoolfs.service.recovery import recover
@@ -25,12 +24,12 @@ log = logging.getLogger("spoolfs")
 def _queue_root(spool: Spool, name: str) -> int:
     """The entry a ``--queue`` mount is rooted at, created on first use."""
     raw = name.encode()
-    check_ident(raw, "queue")
     e = spool.r.lookup(1, raw)
     if e is None:
-        trio.run(spool.mkdir, 1, raw, 0o755, Who(os.getuid(), os.getgid(), os.getpid()))
-        e = spool.r.lookup(1, raw)
-        assert e is not None
+        try:
+            e = trio.run(spool.mkdir, 1, raw, 0o755, Who(os.getuid(), os.getgid(), os.getpid()))
+        except SpoolError as err:
+            raise UserError(f"cannot create queue {name!r}: {err.hint}") from err
     if e.kind != "queue":
         raise UserError(f"{name} is not a queue")
     return e.id
