@@ -35,6 +35,17 @@ def _queue_root(spool: Spool, name: str) -> int:
     return e.id
 
 
+def fuse_options(store_dir: str, options: list[str]) -> set[str]:
+    """The mount options: the caller's, plus the kernel's permission checks whenever users
+    other than the mounting one can enter (``allow_other``/``allow_root``). Without those, FUSE
+    lets no one else in, and the checks would only cost a GETATTR on every changed directory
+    of every path walk."""
+    opts = {o for o in options if o} | {f"fsname={store_dir}", "subtype=spoolfs"}
+    if opts & {"allow_other", "allow_root"} or "default_permissions" in options:
+        opts.add("default_permissions")
+    return opts
+
+
 def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str],
           on_ready: Callable[[], None] = lambda: None) -> None:
     """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live."""
@@ -47,9 +58,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         recover(spool)
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id)
-        opts = set(pyfuse3.default_options)
-        opts |= {f"fsname={store_dir}", "subtype=spoolfs"}
-        opts |= {o for o in options if o}
+        opts = fuse_options(store_dir, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
         pf = pidfile(mountpoint)

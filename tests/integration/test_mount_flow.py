@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,30 @@ def test_empty_message_round_trip(queue: Queue) -> None:
     queue.finish("empty")
     assert os.stat(queue.success / "empty").st_size == 0
     assert read(queue.success / "empty") == b""
+
+
+def test_upload_mtime_follows_writes_and_touch_and_survives_publish(queue: Queue) -> None:
+    """`find partial -mmin +60` finds stale uploads: an upload's mtime is its last write (or
+    touch), and the published message keeps it."""
+    p = queue.partial / "m"
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"a")
+        first = os.stat(p).st_mtime_ns
+        time.sleep(0.05)
+        os.write(fd, b"b")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert os.stat(p).st_mtime_ns > first, "a write did not move the upload's mtime"
+    assert os.stat(p).st_size == 2
+    ok("touch", "-m", "-d", "@1000000000", p)
+    assert os.stat(p).st_mtime == 1_000_000_000
+    ok("mv", p, queue.ready)
+    assert os.stat(queue.ready / "m").st_mtime == 1_000_000_000
+    assert find_older(queue.ready, minutes=60) == ["m"]
+
+
+def find_older(d: Path, minutes: int) -> list[str]:
+    out = ok("find", d, "-type", "f", "-mmin", f"+{minutes}", "-printf", "%f\\n")
+    return out.decode().split()

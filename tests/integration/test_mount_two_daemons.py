@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import subprocess
 import sys
 import time
@@ -161,3 +162,27 @@ def test_simultaneous_claims_have_exactly_one_winner(mounter: MountFactory, stor
                        == sorted(n for n in names if results[r][n] == "won")
                        for r in range(racers))
         wait_until(settled, timeout=PROPAGATION, what=f"{v} to show each file in its winner's view")
+
+
+def test_upload_in_progress_shows_its_size_in_the_other_mount(mounter: MountFactory, store: Path,
+                                                              tmp_path: Path) -> None:
+    """An upload's size is its staging file's: a second daemon sees it grow while it is
+    written, without a transaction per write."""
+    a = mounter(store, tmp_path / "a")
+    q = Queue.create(a.path, "q", tmp_path / "scratch")
+    b = mounter(store, tmp_path / "b")
+    fd = os.open(q.partial / "up", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"x" * 1000)
+        wait_until(lambda: (b.path / "q/partial/up").exists() and
+                   os.stat(b.path / "q/partial/up").st_size == 1000,
+                   timeout=PROPAGATION, alive=b.daemon_alive,
+                   what="mount B to show partial/up with 1000 bytes")
+        os.write(fd, b"y" * 500)
+        wait_until(lambda: os.stat(b.path / "q/partial/up").st_size == 1500,
+                   timeout=PROPAGATION, alive=b.daemon_alive,
+                   what="mount B to show partial/up grown to 1500 bytes")
+    finally:
+        os.close(fd)
+    ok("mv", q.partial / "up", q.ready / "up")
+    assert read(b.path / "q/ready/up") == b"x" * 1000 + b"y" * 500

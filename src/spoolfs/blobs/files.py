@@ -92,6 +92,14 @@ class StagingDir:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         return os.open(self.path(entry_id), flags, 0o600)
 
+    def touch(self, entry_id: int, mtime_ns: int) -> None:
+        """Set an upload's modification time (it is the staging file's)."""
+        fd = self.open(entry_id, create=True)
+        try:
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+        finally:
+            os.close(fd)
+
     def remove(self, entry_id: int) -> None:
         try:
             os.unlink(self.path(entry_id))

@@ -103,20 +103,23 @@ class Operations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_ino = self._ino(e.id)
         a.generation = 0
-        # An unpublished upload's name is never cached: a rename into ready/ while a writer
-        # holds it, or an upload into ready/, must stay invisible to other processes.
-        a.entry_timeout = 0 if e.staged else TIMEOUT
-        a.attr_timeout = 0 if e.staged else TIMEOUT
+        # The name of an unpublished upload, or of one a rename into ready/ would hide (a
+        # writer holds it), is never cached: ready/ shows only complete files. (A rename that
+        # hides an upload opened after its name was cached drops the name: see rename.)
+        a.entry_timeout = 0 if e.hidden or (e.staged and self.spool.being_written(e.id)) \
+            else TIMEOUT
+        a.attr_timeout = TIMEOUT
         a.st_mode = e.mode
         a.st_nlink = self.spool.nlink_of(e)
         a.st_uid = e.uid
         a.st_gid = e.gid
         a.st_rdev = 0
-        a.st_size = self.spool.size_of(e) if e.kind == "message" else 0
+        size, mtime_ns = self.spool.size_and_mtime(e)
+        a.st_size = size if e.kind == "message" else 0
         a.st_blksize = 4096
         a.st_blocks = (a.st_size + 511) // 512
-        a.st_atime_ns = e.mtime_ns
-        a.st_mtime_ns = e.mtime_ns
+        a.st_atime_ns = mtime_ns
+        a.st_mtime_ns = mtime_ns
         a.st_ctime_ns = e.ctime_ns
         return a
 
@@ -223,8 +226,11 @@ class Operations(pyfuse3.Operations):
         await self.spool.settle(pold)
         await self.spool.settle(pnew)
         self._forget_name(pnew, name_new)
-        await self.spool.rename(pold, name_old, pnew, name_new,
-                                flags, _who(ctx))
+        if await self.spool.rename(pold, name_old, pnew, name_new, flags, _who(ctx)):
+            # Published while a writer holds it: the kernel moves its cached name into ready/,
+            # where it must not be seen until the last close. The invalidation waits for the
+            # rename to finish (it takes the directory's lock).
+            pyfuse3.invalidate_entry_async(parent_inode_new, name_new, ignore_enoent=True)
 
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:

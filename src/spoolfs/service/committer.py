@@ -1,8 +1,17 @@
 """Group commit: concurrent requests share one transaction and one fsync.
 
-Each request is a function of a ``WriteTx``; the committer runs every request queued while the
-previous commit was on disk in one batch (each in its own savepoint), in a worker thread so the
-event loop keeps taking requests. A request returns only after its batch committed.
+Each request is a function of a ``WriteTx``. The first request to arrive while no commit is
+under way leads: it yields once, so that requests the kernel has already passed can join, then
+commits everything queued as one batch (each request in its own savepoint), and keeps going
+while more arrived meanwhile. The others wait for their batch. A request returns only after its
+batch committed.
+
+The batch runs on the event loop's thread: handing it to a worker thread and back costs more
+(about 175 µs on a 2-core machine) than the fsync it would overlap, and on one mount the kernel
+already serializes cross-directory renames, so there is little to overlap. Requests that arrive
+while a commit is on disk wait in the kernel and form the next batch. Only when another daemon
+holds the store's write lock does the batch go to a worker thread to wait for it, so a slow
+neighbour never stalls this mount's reads.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from typing import Any, TypeVar
 import trio
 
 from spoolfs.core.errors import StoreFailure
-from spoolfs.store.base import Store, WriteTx
+from spoolfs.store.base import Store, StoreBusy, WriteTx
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -35,9 +44,11 @@ class Committer:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._queue: list[_Request] = []
-        self._wakeup = trio.Event()
+        self._leading = False
         self._closed = False
         self._running = False
+        self._idle = trio.Event()
+        self._stop = trio.Event()
         self.batches = 0
         self.requests = 0
 
@@ -54,34 +65,48 @@ class Committer:
             return value  # type: ignore[no-any-return]
         req = _Request(fn, durable)
         self._queue.append(req)
-        self._wakeup.set()
-        await req.done.wait()
+        if self._leading:
+            await req.done.wait()
+        else:
+            await self._lead()
         if not req.ok:
             raise req.value
         return req.value  # type: ignore[no-any-return]
 
+    async def _lead(self) -> None:
+        """Commit batches until the queue is empty. Shielded: others wait on this task."""
+        self._leading = True
+        self._idle = trio.Event()
+        try:
+            with trio.CancelScope(shield=True):
+                while self._queue:
+                    await trio.lowlevel.checkpoint()  # let requests already passed join
+                    batch, self._queue = self._queue, []
+                    await self._commit(batch)
+        finally:
+            self._leading = False
+            self._idle.set()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Commit batches until ``close`` is called and the queue is drained."""
+        """Accept requests from the event loop until ``close``; then wait for the last batch."""
         self._running = True
         task_status.started()
         try:
-            while True:
-                if not self._queue:
-                    if self._closed:
-                        return
-                    await self._wakeup.wait()
-                    self._wakeup = trio.Event()
-                    continue
-                batch, self._queue = self._queue, []
-                await self._commit(batch)
+            await self._stop.wait()
         finally:
+            with trio.CancelScope(shield=True):
+                if self._leading:
+                    await self._idle.wait()
             self._running = False
 
     async def _commit(self, batch: list[_Request]) -> None:
         durable = any(r.durable for r in batch)
         fns = [r.fn for r in batch]
         try:
-            results = await trio.to_thread.run_sync(self.store.run_batch, fns, durable)
+            try:
+                results = self.store.run_batch(fns, durable, wait=False)
+            except StoreBusy:
+                results = await trio.to_thread.run_sync(self.store.run_batch, fns, durable)
         except StoreFailure as e:
             results = [(False, e)] * len(batch)
         except Exception as e:  # never leave a request unanswered
@@ -94,5 +119,6 @@ class Committer:
             req.done.set()
 
     def close(self) -> None:
+        """No new requests; the batch under way still commits and answers."""
         self._closed = True
-        self._wakeup.set()
+        self._stop.set()

@@ -21,6 +21,7 @@ class Sealed:
 
     sha256: bytes
     size: int
+    mtime_ns: int  # the upload's last write (or touch): the message's modification time
     data: bytes | None  # inline content, or None: the staging file becomes the blob file
     staging_path: str
 
@@ -28,7 +29,7 @@ class Sealed:
 class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
-    __slots__ = ("entry_id", "fd", "data", "writable", "live_size", "sealed", "opener", "done")
+    __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -37,7 +38,6 @@ class Handle:
         self.fd = fd
         self.data = data
         self.writable = writable
-        self.live_size = -1
         self.opener = 0  # pid of the process that opened it
         self.done = False  # its upload was published when the opener closed it: no more writes
 
@@ -52,13 +52,11 @@ class Handle:
         if self.done:
             raise NotPermitted("this upload was already published when its opener closed it")
         try:
-            n = os.pwrite(self.fd, buf, off)
+            return os.pwrite(self.fd, buf, off)
         except OSError as e:
             if e.errno in (28, 122):  # ENOSPC, EDQUOT
                 raise NoSpace("store disk full") from e
             raise StoreFailure(f"staging write failed: {e}") from e
-        self.live_size = max(self.live_size, off + n)
-        return n
 
     def close(self) -> None:
         if self.fd is not None:
@@ -104,12 +102,13 @@ class Content:
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
         try:
             sha, size = hash_file(fd)
+            mtime_ns = os.fstat(fd).st_mtime_ns
             data = os.pread(fd, size, 0) if size <= INLINE_MAX else None
             if data is None:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        return Sealed(sha, size, data, path)
+        return Sealed(sha, size, mtime_ns, data, path)
 
     def attach(self, tx: WriteTx, entry_id: int, sealed: Sealed) -> None:
         """In a transaction: point the message at the content, sharing an existing blob."""
@@ -121,7 +120,7 @@ class Content:
             if sealed.data is None:
                 self.blobs.place(sealed.staging_path, sealed.sha256, bid)
         tx.blob_ref(bid, 1)
-        tx.update(entry_id, blob=bid, staged=0, size=sealed.size)
+        tx.update(entry_id, blob=bid, staged=0, size=sealed.size, mtime_ns=sealed.mtime_ns)
 
     def release(self, tx: WriteTx, entry: Entry, cleanup: list[tuple[str, object]]) -> None:
         """In a transaction: drop a message's hold on its content. Files are removed by

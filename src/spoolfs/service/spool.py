@@ -62,7 +62,6 @@ class Spool:
         self.committer = Committer(store)
         self.clock = clock
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
-        self._live: dict[int, Handle] = {}  # entry id -> a writable handle (live size)
         self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
 
     async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
@@ -90,9 +89,24 @@ class Spool:
             raise NotADirectory()
         return [e for e in self.r.children(parent) if not e.hidden]
 
+    def being_written(self, entry_id: int) -> bool:
+        """Whether a writable handle on the entry is open through this daemon."""
+        return entry_id in self._writers
+
+    def size_and_mtime(self, e: Entry) -> tuple[int, int]:
+        """An upload's size and modification time are its staging file's: writes and
+        truncates need no transaction, and every daemon on the store sees the same figures."""
+        if e.staged:
+            try:
+                st = os.stat(self.content.staging.path(e.id))
+            except OSError:
+                pass
+            else:
+                return st.st_size, st.st_mtime_ns
+        return e.size, e.mtime_ns
+
     def size_of(self, e: Entry) -> int:
-        h = self._live.get(e.id)
-        return max(e.size, h.live_size) if h is not None else e.size
+        return self.size_and_mtime(e)[0]
 
     def nlink_of(self, e: Entry) -> int:
         if e.kind != "message":
@@ -215,8 +229,6 @@ class Spool:
         h.opener = who.pid
         if writable:
             self._writers[e.id] = self._writers.get(e.id, 0) + 1
-            h.live_size = e.size
-            self._live[e.id] = h
         return h
 
     async def open(self, entry_id: int, writable: bool, truncate: bool, who: Who) -> Handle:
@@ -226,22 +238,18 @@ class Spool:
         if writable or truncate:
             rules.decide_modify(self.kind(e), e.hidden, e.staged)
         if truncate:
-            await self.truncate(e, 0)
-            e = self.get(entry_id)
+            self.truncate(e, 0)
         return self._open_handle(e, writable, who)
 
-    async def truncate(self, e: Entry, size: int) -> None:
+    def truncate(self, e: Entry, size: int) -> None:
+        """Resize an upload's staging file (its size is the file's: no transaction)."""
         fd = self.content.staging.open(e.id, create=True)
         try:
             os.ftruncate(fd, size)
+        except OSError as err:
+            raise StoreFailure(f"staging file of {e.id}: {err}") from err
         finally:
             os.close(fd)
-        h = self._live.get(e.id)
-        if h is not None:
-            h.live_size = size
-        now = self.clock()
-        await self.tx(lambda tx: tx.update(e.id, size=size, mtime_ns=now, ctime_ns=now),
-                      durable=False)
 
     def awaits_publish(self, h: Handle) -> bool:
         """Whether closing ``h`` would publish an upload into ``ready/``."""
@@ -259,7 +267,7 @@ class Spool:
             await self._publish_settled(self.get(h.entry_id), who)
 
     async def close(self, h: Handle, who: Who) -> None:
-        """The last handle records the size, or publishes a pending upload into ``ready/``.
+        """The last writable handle publishes a pending upload into ``ready/``.
         Requests read after this one (the writer's next command) wait in ``settle`` until
         the upload has appeared."""
         h.close()
@@ -270,16 +278,9 @@ class Spool:
             self._writers[h.entry_id] = n
             return
         self._writers.pop(h.entry_id, None)
-        self._live.pop(h.entry_id, None)
         e = self.r.get(h.entry_id)
-        if e is None or h.done:
-            return
-        if e.hidden:
+        if e is not None and e.hidden and not h.done:
             await self._publish_settled(e, who)
-        elif e.staged and h.live_size != e.size:
-            now = self.clock()
-            await self.tx(lambda tx: tx.update(e.id, size=h.live_size, mtime_ns=now),
-                          durable=False)
 
     async def _publish_settled(self, e: Entry, who: Who) -> None:
         assert e.parent is not None
@@ -308,7 +309,7 @@ class Spool:
             if cur is None or not cur.hidden:
                 raise NotFound()
             self.content.attach(tx, e.id, sealed)
-            tx.update(e.id, hidden=0, enqueued_ns=now, mtime_ns=now)
+            tx.update(e.id, hidden=0, enqueued_ns=now)
             tx.add_history(e.id, now, Action.PUBLISH.value, "upload", _place(cur), who.uid,
                            who.pid, None)
 
@@ -316,7 +317,7 @@ class Spool:
         self.content.cleanup([("staging", e.id)])
 
     async def _seal(self, e: Entry) -> Sealed:
-        if e.size > INLINE_MAX:
+        if self.size_of(e) > INLINE_MAX:
             return await trio.to_thread.run_sync(self.content.seal, e.id)
         return self.content.seal(e.id)
 
@@ -326,20 +327,23 @@ class Spool:
     # ---- transitions ----------------------------------------------------------------------
 
     async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
-                     flags: int, who: Who) -> None:
+                     flags: int, who: Who) -> bool:
+        """Rename; True when the message became a hidden upload (published once its writer
+        closes), so that a name the kernel had cached must be dropped."""
         if flags & (RENAME_EXCHANGE | RENAME_WHITEOUT):
             raise Invalid("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
         check_message_name(new_name)
         src = self.lookup(parent, name)
         if src.kind != "message":
-            return await self._rename_dir(src, parent, new_parent, new_name, flags)
+            await self._rename_dir(src, parent, new_parent, new_name, flags)
+            return False
         d = self.get(new_parent)
         dst_state = self._message_dir(d)
         src_kind, dst_kind = self.kind(src), rules.kind_of(dst_state, new_name)
         scope = rules.scope_of(parent == new_parent, src.queue == d.queue)
         action = rules.decide_rename(src_kind, dst_kind, scope)
         if parent == new_parent and name == new_name:
-            return
+            return False
         defer = action is Action.PUBLISH and self._writers.get(src.id, 0) > 0
         sealed = await self._seal(src) if action is Action.PUBLISH and src.staged and not defer \
             else None
@@ -381,6 +385,7 @@ class Spool:
         await self.tx(fn, durable=action in rules.DURABLE)
         self.content.cleanup(cleanup)
         log.debug("%s %s %r -> %s %r", action.value, src_kind.value, name, dst_kind.value, new_name)
+        return defer
 
     async def unlink(self, parent: int, name: bytes, who: Who) -> None:
         e = self.lookup(parent, name)
@@ -452,7 +457,9 @@ class Spool:
                                     or gid is not None):
             rules.decide_modify(self.kind(e), e.hidden, e.staged)
         if size is not None:
-            await self.truncate(e, size)
+            self.truncate(e, size)
+        if mtime_ns is not None and e.kind == "message" and e.staged:
+            self.content.staging.touch(e.id, mtime_ns)
         fields: dict[str, Any] = {}
         if mode is not None:
             fields["mode"] = (e.mode & ~0o7777) | (mode & 0o7777)

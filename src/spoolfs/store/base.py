@@ -148,18 +148,24 @@ class WriteTx(ReadTx):
                     reason: str | None) -> None: ...
 
 
+class StoreBusy(Exception):
+    """``run_batch(..., wait=False)`` found another writer holding the store: nothing ran."""
+
+
 class Store(abc.ABC):
     @abc.abstractmethod
     def reader(self) -> ReadTx:
         """Queries for the calling thread (the event loop); never blocks on writers."""
 
     @abc.abstractmethod
-    def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool
-                  ) -> list[tuple[bool, Any]]:
+    def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,
+                  wait: bool = True) -> list[tuple[bool, Any]]:
         """Run each function in its own savepoint of one transaction and commit once (fsynced
         when ``durable``). Returns ``(True, result)`` or ``(False, exception)`` per function;
-        a failed function's changes are rolled back, the others commit. Runs in one worker
-        thread at a time. A failing commit raises ``StoreFailure`` and nothing is applied."""
+        a failed function's changes are rolled back, the others commit. One batch runs at a
+        time. A failing commit raises ``StoreFailure`` and nothing is applied. With
+        ``wait=False`` it never waits for another writer: it raises ``StoreBusy`` before
+        running anything instead."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

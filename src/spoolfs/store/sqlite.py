@@ -15,7 +15,7 @@ from typing import Any
 
 from spoolfs.core.errors import SpoolError, StoreFailure
 from spoolfs.store import schema
-from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, WriteTx
+from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, StoreBusy, WriteTx
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,7 @@ class SqliteStore(Store):
         self._reader = SqliteRead(self._rconn)
         self._writer = SqliteWrite(self._wconn)
         self._sync = "FULL"
+        self._busy_ms = BUSY_TIMEOUT_MS
 
     def _init_schema(self) -> None:
         c = self._wconn
@@ -193,15 +194,25 @@ class SqliteStore(Store):
             self._wconn.execute(f"PRAGMA synchronous={mode}")
             self._sync = mode
 
-    def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool
-                  ) -> list[tuple[bool, Any]]:
+    def _set_busy_timeout(self, ms: int) -> None:
+        if ms != self._busy_ms:
+            self._wconn.execute(f"PRAGMA busy_timeout={ms}")
+            self._busy_ms = ms
+
+    def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,
+                  wait: bool = True) -> list[tuple[bool, Any]]:
         c = self._wconn
         # In WAL mode a FULL commit fsyncs the log, which also makes every earlier NORMAL
         # commit durable: uploads in progress skip the fsync, transitions never do.
         self._set_sync("FULL" if durable else "NORMAL")
+        self._set_busy_timeout(BUSY_TIMEOUT_MS if wait else 0)
         results: list[tuple[bool, Any]] = []
         try:
             c.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if not wait and e.sqlite_errorcode == sqlite3.SQLITE_BUSY:
+                raise StoreBusy() from e
+            raise StoreFailure(f"store unavailable: {e}") from e
         except sqlite3.Error as e:
             raise StoreFailure(f"store unavailable: {e}") from e
         try:

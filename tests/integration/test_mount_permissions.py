@@ -1,0 +1,58 @@
+"""Who may enter the mount: with ``-o allow_other`` the kernel checks the modes the spool keeps
+(default_permissions); without it FUSE lets only the mounting user in at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import MountFactory, fails, ls, ok, read
+
+pytestmark = pytest.mark.fuse
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory other users can traverse (pytest's tmp_path is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="spoolfs-perm-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_allow_other_enforces_the_modes(mounter: MountFactory, open_dir: Path,
+                                        tmp_path: Path) -> None:
+    m = mounter(tmp_path / "store", open_dir / "mnt", extra=["-o", "allow_other"])
+    q = m.path / "q"
+    os.mkdir(q)
+    src = open_dir / "job"
+    src.write_bytes(b"payload\n")
+    src.chmod(0o644)
+
+    assert ls(q / "ready") == []
+    ok(*NOBODY, "ls", q / "ready")
+    fails(*NOBODY, "cp", src, q / "ready/job", message="Permission denied")
+    assert ls(q / "ready") == [], "a refused upload left something behind"
+
+    ok("chmod", "0777", q / "ready")
+    ok(*NOBODY, "cp", src, q / "ready/job")
+    assert read(q / "ready/job") == b"payload\n"
+    assert os.stat(q / "ready/job").st_uid == 65534
+
+
+def test_without_allow_other_only_the_mounting_user_enters(mounter: MountFactory,
+                                                           open_dir: Path,
+                                                           tmp_path: Path) -> None:
+    m = mounter(tmp_path / "store", open_dir / "mnt")
+    os.mkdir(m.path / "q")
+    ok("chmod", "0777", m.path / "q/ready")
+    fails(*NOBODY, "ls", m.path / "q", message="Permission denied")
+    ok("cp", "/etc/hostname", m.path / "q/ready/job")
+    assert ls(m.path / "q/ready") == ["job"]
