@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pyfuse3
 import trio
@@ -14,6 +14,7 @@ import trio
 from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.fuse.ops import Operations
 from spoolfs.runtime import pidfile
+from spoolfs.service.lifecycle import Lifecycle
 from spoolfs.service.recovery import recover
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.sqlite import open_store
@@ -86,18 +87,28 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
 
 
 async def _main(spool: Spool, on_ready: Callable[[], None]) -> None:
+    lifecycle = Lifecycle(spool)
     async with trio.open_nursery() as nursery:
         await nursery.start(spool.committer.run)
+        timers = trio.CancelScope()
         signals = trio.CancelScope()
         nursery.start_soon(_signals, signals)
+        nursery.start_soon(_run_in, timers, lifecycle.run)
         on_ready()
         try:
             await pyfuse3.main()
         finally:
             signals.cancel()
+            timers.cancel()
             spool.committer.close()  # the committer answers what it accepted, then returns
-    log.info("fuse session ended: %d commits for %d requests", spool.committer.batches,
-             spool.committer.requests)
+    log.info("fuse session ended: %d commits for %d requests; lifecycle: %d lease(s) expired, "
+             "%d retried, %d purged", spool.committer.batches, spool.committer.requests,
+             lifecycle.expired, lifecycle.retried, lifecycle.purged)
+
+
+async def _run_in(scope: trio.CancelScope, fn: Callable[[], Awaitable[None]]) -> None:
+    with scope:
+        await fn()
 
 
 async def _signals(scope: trio.CancelScope) -> None:

@@ -112,6 +112,8 @@ def test_errno_doc_names_every_error_class_with_its_errno() -> None:
 def test_design_doc_shows_the_schema_of_store_schema() -> None:
     assert f"```sql\n{schema.TABLES.strip()}\n```" in DESIGN.read_text(), \
         "docs/design.md's schema differs from store/schema.py"
+    assert f"```sql\n{schema.INDEXES.strip()}\n```" in DESIGN.read_text(), \
+        "docs/design.md's lifecycle indexes differ from store/schema.py"
 
 
 def ci_command() -> str:

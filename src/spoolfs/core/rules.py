@@ -71,6 +71,9 @@ class Action(enum.Enum):
     DIRECT_PUBLISH = "direct publish"  # create in ready/: appears when the last writer closes
     LINK = "link"  # a new message sharing content, still unpublished
     LINK_PUBLISH = "link publish"  # fan-out: a new published message sharing content
+    # Moves the daemon makes on its own (DESIGN §4), never the meaning of a user's request:
+    EXPIRE = "expire"  # a lease ran out: working/ -> error/
+    RETRY = "retry"  # a failed message with attempts left: error/ -> ready/
 
 
 _S, _Q, _O = Scope.SAME_DIR, Scope.SAME_QUEUE, Scope.OTHER_QUEUE

@@ -84,6 +84,11 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
+        spool.on_gone = self._drop_name
+
+    def _drop_name(self, parent: int, name: bytes) -> None:
+        """The lifecycle moved or purged ``parent/name``: the kernel must not keep the name."""
+        pyfuse3.invalidate_entry_async(self._ino(parent), name, ignore_enoent=True)
 
     # ---- inode mapping and attributes ---------------------------------------------------
 
@@ -284,7 +289,10 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return self._handles[fh].read(off, size)
+        h = self._handles[fh]
+        data = h.read(off, size)
+        await self.spool.reading(h)  # a read keeps a claimed message's lease
+        return data
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -29,7 +29,8 @@ class Sealed:
 class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
-    __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done")
+    __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
+                 "lease_checked")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -40,6 +41,7 @@ class Handle:
         self.writable = writable
         self.opener = 0  # pid of the process that opened it
         self.done = False  # its upload was published when the opener closed it: no more writes
+        self.lease_checked = 0.0  # monotonic time a read last looked at the lease
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from spoolfs.blobs import BlobDir, StagingDir
+from spoolfs.core import lifecycle as L
 from spoolfs.core import rules
 from spoolfs.core.errors import (
     Exists, Invalid, IsADirectory, NoAttribute, NotADirectory, NotEmpty, NotFound, NotPermitted,
@@ -27,6 +28,7 @@ from spoolfs.core.names import check_ident, check_message_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed
+from spoolfs.service.policies import Policies
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ class Who:
     pid: int = 0
 
 
-def _place(e: Entry) -> str:
+def place(e: Entry) -> str:
     assert e.state is not None
     return f"{e.state.value}/{e.consumer}" if e.consumer else e.state.value
 
@@ -62,6 +64,11 @@ class Spool:
         self.committer = Committer(store)
         self.clock = clock
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
+        self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
+        self.policies = Policies(self.r)
+        #: called with (parent, name) when the lifecycle moves or purges a message, so that the
+        #: kernel drops a name it may have cached
+        self.on_gone: Callable[[int, bytes], None] = lambda parent, name: None
         self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
 
     async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
@@ -227,6 +234,7 @@ class Spool:
     def _open_handle(self, e: Entry, writable: bool, who: Who) -> Handle:
         h = self.content.open(self.r, e, writable)
         h.opener = who.pid
+        self._open[e.id] = self._open.get(e.id, 0) + 1
         if writable:
             self._writers[e.id] = self._writers.get(e.id, 0) + 1
         return h
@@ -271,6 +279,12 @@ class Spool:
         Requests read after this one (the writer's next command) wait in ``settle`` until
         the upload has appeared."""
         h.close()
+        left = self._open.get(h.entry_id, 1) - 1
+        if left > 0:
+            self._open[h.entry_id] = left
+        else:
+            self._open.pop(h.entry_id, None)
+            await self._lease_from_now(h.entry_id)
         if not h.writable:
             return
         n = self._writers.get(h.entry_id, 1) - 1
@@ -281,6 +295,45 @@ class Spool:
         e = self.r.get(h.entry_id)
         if e is not None and e.hidden and not h.done:
             await self._publish_settled(e, who)
+
+    # ---- leases ---------------------------------------------------------------------------
+
+    def holds(self, entry_id: int) -> bool:
+        """Whether a handle on the entry is open through this daemon (it holds the lease)."""
+        return entry_id in self._open
+
+    async def _lease_from_now(self, entry_id: int, only_if_due: bool = False) -> None:
+        """Extend a claimed message's lease to a full timeout from now (a touch, the last
+        close, or a read or open handle once half of the lease is gone)."""
+        e = self.r.get(entry_id)
+        if e is None or e.state is not State.WORKING or e.lease_ns is None:
+            return
+        policy = self.policies.of(e.queue)
+        now = self.clock()
+        if only_if_due and not L.renewal_due(policy, e.lease_ns, now):
+            return
+        until = L.lease_end(policy, now)
+        if until - e.lease_ns < min(L.NS, policy.lease_timeout // 10):
+            return  # a negligible extension (a close right after the claim): no commit
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(entry_id)
+            if cur is not None and cur.state is State.WORKING and cur.lease_ns is not None:
+                tx.update(entry_id, lease_ns=max(until, cur.lease_ns))
+
+        await self.tx(fn, durable=False)
+
+    async def reading(self, h: Handle) -> None:
+        """A read keeps the lease of a claimed message (checked at most once a second)."""
+        now = time.monotonic()
+        if now - h.lease_checked >= 1.0:
+            h.lease_checked = now
+            await self._lease_from_now(h.entry_id, only_if_due=True)
+
+    async def renew_held(self) -> None:
+        """Extend the leases of claimed messages held open here, once half is gone."""
+        for entry_id in list(self._open):
+            await self._lease_from_now(entry_id, only_if_due=True)
 
     async def _publish_settled(self, e: Entry, who: Who) -> None:
         assert e.parent is not None
@@ -310,7 +363,7 @@ class Spool:
                 raise NotFound()
             self.content.attach(tx, e.id, sealed)
             tx.update(e.id, hidden=0, enqueued_ns=now)
-            tx.add_history(e.id, now, Action.PUBLISH.value, "upload", _place(cur), who.uid,
+            tx.add_history(e.id, now, Action.PUBLISH.value, "upload", place(cur), who.uid,
                            who.pid, None)
 
         await self.tx(fn)
@@ -349,6 +402,7 @@ class Spool:
             else None
         now = self.clock()
         consumer = d.name.decode() if d.kind == "consumer" else None
+        policy = self.policies.of(d.queue)
         cleanup: list[tuple[str, object]] = []
 
         def fn(tx: WriteTx) -> None:
@@ -361,16 +415,24 @@ class Spool:
                     raise IsADirectory()
                 tx.delete(old.id)
                 self.content.release(tx, old, cleanup)
-                tx.add_history(old.id, now, "replaced", _place(old), None, who.uid, who.pid,
+                tx.add_history(old.id, now, "replaced", place(old), None, who.uid, who.pid,
                                f"replaced by {src.id}")
             fields: dict[str, Any] = dict(state=dst_state, queue=d.queue, consumer=consumer,
                                           ctime_ns=now)
+            if dst_state is not State.WORKING:
+                fields.update(lease_ns=None)
+            if dst_state is not State.ERROR:
+                fields.update(retry_ns=None, abandoned=0)
             if action is Action.PUBLISH:
                 fields.update(enqueued_ns=now, hidden=int(defer))
             elif action is Action.CLAIM:
-                fields.update(claimed_ns=now, attempts=src.attempts + 1)
+                fields.update(claimed_ns=now, attempts=src.attempts + 1,
+                              lease_ns=L.lease_end(policy, now))
             elif action is Action.FINISH:
                 fields.update(finished_ns=now)
+                if dst_state is State.ERROR:
+                    after = L.after_failure(policy, src.attempts, now, expired=False)
+                    fields.update(retry_ns=after.retry_ns, abandoned=int(after.abandoned))
             elif action in (Action.REDRIVE, Action.FORWARD):
                 fields.update(enqueued_ns=now, finished_ns=None, attempts=0, error=None)
             if not tx.move(src.id, parent, name, new_parent, new_name, **fields):
@@ -378,7 +440,7 @@ class Spool:
             if sealed is not None:
                 self.content.attach(tx, src.id, sealed)
                 cleanup.append(("staging", src.id))
-            tx.add_history(src.id, now, action.value, _place(src),
+            tx.add_history(src.id, now, action.value, place(src),
                            f"{dst_state.value}/{consumer}" if consumer else dst_state.value,
                            who.uid, who.pid, None)
 
@@ -401,7 +463,7 @@ class Spool:
                 raise NotFound()
             tx.delete(cur.id)
             self.content.release(tx, cur, cleanup)
-            tx.add_history(cur.id, now, action.value, _place(cur), None, who.uid, who.pid, None)
+            tx.add_history(cur.id, now, action.value, place(cur), None, who.uid, who.pid, None)
 
         await self.tx(fn)
         self.content.cleanup(cleanup)
@@ -470,11 +532,23 @@ class Spool:
         if mtime_ns is not None:
             fields["mtime_ns"] = mtime_ns
         if fields:
-            fields["ctime_ns"] = self.clock()
-            await self.tx(lambda tx: tx.update(entry_id, **fields), durable=e.kind != "message")
+            now = fields["ctime_ns"] = self.clock()
+            until = L.lease_end(self.policies.of(e.queue), now)
+
+            def fn(tx: WriteTx) -> None:
+                extra = {}
+                if mtime_ns is not None:  # touch: the shell heartbeat of a claimed message
+                    cur = tx.get(entry_id)
+                    if cur is not None and cur.state is State.WORKING and cur.lease_ns is not None:
+                        extra["lease_ns"] = max(until, cur.lease_ns)
+                tx.update(entry_id, **fields, **extra)
+
+            await self.tx(fn, durable=e.kind != "message")
         return self.get(entry_id)
 
     def xattr_names(self, e: Entry) -> list[bytes]:
+        if e.kind == "queue":
+            return self.policies.xattr_names()
         if e.kind != "message":
             return []
         names = [b"state", b"attempts", b"size", b"created", b"history"]
@@ -488,9 +562,17 @@ class Spool:
             names.append(b"consumer")
         if e.error:
             names.append(b"error")
+        if e.lease_ns is not None:
+            names.append(b"lease_expires")
+        if e.retry_ns is not None:
+            names.append(b"retry_at")
+        if e.abandoned:
+            names.append(b"abandoned")
         return [SPOOL_XATTR + n for n in names] + list(self.r.xattrs(e.id))
 
     def getxattr(self, e: Entry, name: bytes) -> bytes:
+        if e.kind == "queue" and name.startswith(SPOOL_XATTR):
+            return self.policies.getxattr(e.id, name)
         if name.startswith(SPOOL_XATTR) and e.kind == "message":
             key = name[len(SPOOL_XATTR):]
             value = self._spool_attr(e, key)
@@ -529,19 +611,28 @@ class Spool:
             return e.error
         if key == b"history":
             return self.history_text(e.id).encode()
+        if key == b"lease_expires":
+            return t(e.lease_ns)
+        if key == b"retry_at":
+            return t(e.retry_ns)
+        if key == b"abandoned":
+            return b"1" if e.abandoned else None
         return None
 
     def history_text(self, entry_id: int) -> str:
         lines = []
         for at_ns, action, src, dst, uid, pid, reason in self.r.history(entry_id):
             when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at_ns / 1e9))
-            line = f"{when}Z {action} {src or '-'} -> {dst or '-'} uid={uid} pid={pid}"
-            lines.append(line + (f" ({reason})" if reason else ""))
-        return "\n".join(lines)
+            by = f"uid={uid} pid={pid}" if uid is not None else "by spoolfs"
+            line = f"{when}.{at_ns // 1_000_000 % 1000:03d}Z {action} {src or '-'} -> {dst or '-'} {by}"
+            lines.append(line + (f" ({reason})" if reason else "") + "\n")
+        return "".join(lines)
 
     async def setxattr(self, e: Entry, name: bytes, value: bytes, who: Who) -> None:
         if not name.startswith(b"user."):
             raise NotSupported("only user.* attributes are kept")
+        if e.kind == "queue" and name.startswith(SPOOL_XATTR):
+            return await self._set_policy(e, name, value)
         if e.kind != "message":
             raise NotPermitted("attributes are kept on messages only")
         kind = self.kind(e)
@@ -556,7 +647,16 @@ class Spool:
             raise NotPermitted("headers are set before publishing, in partial/")
         await self.tx(lambda tx: tx.set_xattr(e.id, name, value), durable=False)
 
+    async def _set_policy(self, e: Entry, name: bytes, value: bytes | None) -> None:
+        changes = self.policies.changes(name, value)
+        await self.tx(lambda tx: tx.set_policy(e.id, changes))
+        self.policies.refresh()
+        log.info("queue %s: policy %s", e.name.decode(errors="replace"),
+                 ", ".join(f"{k}={v if v is not None else '(default)'}" for k, v in changes.items()))
+
     async def removexattr(self, e: Entry, name: bytes, who: Who) -> None:
+        if e.kind == "queue" and name.startswith(SPOOL_XATTR):
+            return await self._set_policy(e, name, None)
         if name.startswith(SPOOL_XATTR) or (
                 self.kind(e) not in rules.HEADER_KINDS and not e.hidden):
             raise NotPermitted(f"{name!r} cannot be removed here")

@@ -19,7 +19,7 @@ T = TypeVar("T")
 ENTRY_COLUMNS = (
     "id", "parent", "name", "kind", "queue", "state", "hidden", "blob", "staged", "size",
     "mode", "uid", "gid", "mtime_ns", "ctime_ns", "created_ns", "enqueued_ns", "claimed_ns",
-    "finished_ns", "attempts", "consumer", "error",
+    "finished_ns", "attempts", "consumer", "error", "lease_ns", "retry_ns", "abandoned",
 )  # fmt: skip
 
 
@@ -47,6 +47,9 @@ class Entry:
     attempts: int
     consumer: str | None
     error: bytes | None
+    lease_ns: int | None
+    retry_ns: int | None
+    abandoned: bool
     refs: int | None = None  # references to its blob: the link count
 
     @classmethod
@@ -56,6 +59,7 @@ class Entry:
         e.state = State(e.state) if e.state is not None else None
         e.hidden = bool(e.hidden)
         e.staged = bool(e.staged)
+        e.abandoned = bool(e.abandoned)
         return e
 
     @property
@@ -97,6 +101,24 @@ class ReadTx(abc.ABC):
     def history(self, entry_id: int) -> list[tuple[Any, ...]]: ...
 
     @abc.abstractmethod
+    def due_leases(self, now_ns: int, limit: int) -> list[Entry]:
+        """Messages whose lease ran out at or before ``now_ns``, soonest first."""
+
+    @abc.abstractmethod
+    def due_retries(self, now_ns: int, limit: int) -> list[Entry]:
+        """Messages in error/ whose retry time is at or before ``now_ns``, soonest first."""
+
+    @abc.abstractmethod
+    def finished_before(self, queue: int, state: State, before_ns: int, limit: int
+                        ) -> list[Entry]:
+        """Messages of ``queue`` in ``state`` finished before ``before_ns`` and not waiting
+        for a retry, oldest first."""
+
+    @abc.abstractmethod
+    def policies(self) -> dict[int, dict[str, str]]:
+        """Stored policy values of every queue: queue id -> key -> canonical text."""
+
+    @abc.abstractmethod
     def all_entries(self) -> list[Entry]: ...
 
     @abc.abstractmethod
@@ -119,6 +141,13 @@ class WriteTx(ReadTx):
 
     @abc.abstractmethod
     def delete(self, entry_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    def set_policy(self, queue: int, values: dict[str, str | None]) -> None:
+        """Store policy values of a queue; ``None`` removes a key (back to its default)."""
+
+    @abc.abstractmethod
+    def drop_history(self, entry_id: int) -> None: ...
 
     @abc.abstractmethod
     def set_xattr(self, entry_id: int, name: bytes, value: bytes) -> None: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-VERSION = 1
+VERSION = 2
 
 TABLES = """
 -- Every node of the tree: the root, queues, state dirs, consumer views, messages.
@@ -29,6 +29,9 @@ CREATE TABLE IF NOT EXISTS entries (
     attempts    INTEGER NOT NULL DEFAULT 0,         -- claims so far
     consumer    TEXT,                               -- name of the consumer view holding it, if any
     error       BLOB,                               -- last failure reason (user.spool.error)
+    lease_ns    INTEGER,                            -- in working/: when the claim's lease runs out
+    retry_ns    INTEGER,                            -- in error/: when it goes back to ready/
+    abandoned   INTEGER NOT NULL DEFAULT 0,         -- in error/: out of attempts, stays until redriven
     UNIQUE (parent, name)
 );
 CREATE INDEX IF NOT EXISTS entries_queue_state ON entries(queue, state, enqueued_ns);
@@ -65,8 +68,35 @@ CREATE TABLE IF NOT EXISTS history (
 );
 CREATE INDEX IF NOT EXISTS history_entry ON history(entry);
 
+-- Lifecycle settings per queue (core/policy.py); a key not here has its default.
+CREATE TABLE IF NOT EXISTS policies (
+    queue INTEGER NOT NULL REFERENCES entries(id) ON DELETE CASCADE,
+    key   TEXT NOT NULL,
+    value TEXT NOT NULL,                         -- canonical text (policy.show)
+    PRIMARY KEY (queue, key)
+);
+
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
 """
+
+# Created after MIGRATIONS, so that they may name columns an older store lacks.
+INDEXES = """
+-- The lifecycle's timers: due leases, due retries, finished messages by age. Partial indexes:
+-- only messages that have the time are in them.
+CREATE INDEX IF NOT EXISTS entries_lease ON entries(lease_ns) WHERE lease_ns IS NOT NULL;
+CREATE INDEX IF NOT EXISTS entries_retry ON entries(retry_ns) WHERE retry_ns IS NOT NULL;
+CREATE INDEX IF NOT EXISTS entries_finished ON entries(queue, state, finished_ns)
+    WHERE finished_ns IS NOT NULL;
+"""
+
+#: version -> statements that bring a store of that version to the next one
+MIGRATIONS = {
+    1: [
+        "ALTER TABLE entries ADD COLUMN lease_ns INTEGER",
+        "ALTER TABLE entries ADD COLUMN retry_ns INTEGER",
+        "ALTER TABLE entries ADD COLUMN abandoned INTEGER NOT NULL DEFAULT 0",
+    ],
+}

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spoolfs.core.errors import SpoolError, StoreFailure
+from spoolfs.core.rules import State
 from spoolfs.store import schema
 from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, StoreBusy, WriteTx
 
@@ -69,6 +70,30 @@ class SqliteRead(ReadTx):
             "SELECT at_ns, action, src, dst, uid, pid, reason FROM history WHERE entry=? ORDER BY id",
             (entry_id,)).fetchall()
 
+    def due_leases(self, now_ns: int, limit: int) -> list[Entry]:
+        rows = self.conn.execute(f"{_SEL} WHERE e.lease_ns IS NOT NULL AND e.lease_ns <= ? "
+                                 "ORDER BY e.lease_ns LIMIT ?", (now_ns, limit)).fetchall()
+        return [Entry.from_row(r) for r in rows]
+
+    def due_retries(self, now_ns: int, limit: int) -> list[Entry]:
+        rows = self.conn.execute(f"{_SEL} WHERE e.retry_ns IS NOT NULL AND e.retry_ns <= ? "
+                                 "ORDER BY e.retry_ns LIMIT ?", (now_ns, limit)).fetchall()
+        return [Entry.from_row(r) for r in rows]
+
+    def finished_before(self, queue: int, state: State, before_ns: int, limit: int
+                        ) -> list[Entry]:
+        rows = self.conn.execute(
+            f"{_SEL} WHERE e.queue=? AND e.state=? AND e.finished_ns IS NOT NULL "
+            "AND e.finished_ns < ? AND e.kind='message' AND e.retry_ns IS NULL "
+            "ORDER BY e.finished_ns LIMIT ?", (queue, state.value, before_ns, limit)).fetchall()
+        return [Entry.from_row(r) for r in rows]
+
+    def policies(self) -> dict[int, dict[str, str]]:
+        out: dict[int, dict[str, str]] = {}
+        for queue, key, value in self.conn.execute("SELECT queue, key, value FROM policies"):
+            out.setdefault(queue, {})[key] = value
+        return out
+
     def all_entries(self) -> list[Entry]:
         return [Entry.from_row(r) for r in self.conn.execute(f"{_SEL} ORDER BY e.id")]
 
@@ -114,6 +139,17 @@ class SqliteWrite(SqliteRead, WriteTx):
 
     def delete(self, entry_id: int) -> bool:
         return self.conn.execute("DELETE FROM entries WHERE id=?", (entry_id,)).rowcount == 1
+
+    def set_policy(self, queue: int, values: dict[str, str | None]) -> None:
+        for key, value in values.items():
+            if value is None:
+                self.conn.execute("DELETE FROM policies WHERE queue=? AND key=?", (queue, key))
+            else:
+                self.conn.execute("INSERT OR REPLACE INTO policies (queue, key, value) "
+                                  "VALUES (?, ?, ?)", (queue, key, value))
+
+    def drop_history(self, entry_id: int) -> None:
+        self.conn.execute("DELETE FROM history WHERE entry=?", (entry_id,))
 
     def set_xattr(self, entry_id: int, name: bytes, value: bytes) -> None:
         self.conn.execute("INSERT OR REPLACE INTO xattrs (entry, name, value) VALUES (?, ?, ?)",
@@ -181,10 +217,27 @@ class SqliteStore(Store):
                           (0o40755, now, now, now))
                 c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                           (str(schema.VERSION),))
+            self._migrate()
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
             raise
+        c.executescript(schema.INDEXES)
+
+    def _migrate(self) -> None:
+        """Bring an older store to this schema, in the transaction that opens it."""
+        c = self._wconn
+        row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        version = int(row[0]) if row else schema.VERSION
+        if version > schema.VERSION:
+            raise StoreFailure(f"the store has schema version {version}; this spoolfs knows "
+                               f"up to {schema.VERSION}: upgrade spoolfs")
+        while version < schema.VERSION:
+            for stmt in schema.MIGRATIONS[version]:
+                c.execute(stmt)
+            version += 1
+            log.info("store %s migrated to schema version %d", self.path, version)
+        c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
 
     def reader(self) -> ReadTx:
         return self._reader

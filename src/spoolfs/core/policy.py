@@ -1,0 +1,125 @@
+"""Queue policies (DESIGN §4): the keys, their defaults, and how values are written and read.
+
+Pure: the command line, the xattrs on a queue directory and the lifecycle all go through
+``parse`` and ``Policy``, so a value refused in one place is refused everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from spoolfs.core.errors import Invalid
+
+NS = 1_000_000_000
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+)(s|m|h|d|w|)")
+FOREVER = ("forever", "never", "off", "none", "0")  # retention: keep forever
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One queue's lifecycle settings; durations in nanoseconds, ``None``: forever."""
+
+    lease_timeout: int = 10 * 60 * NS
+    max_attempts: int = 5
+    retry_backoff: int = 0
+    retry_backoff_max: int = 3600 * NS
+    retry_errors: bool = False
+    success_retention: int | None = None
+    error_retention: int | None = None
+
+    def with_values(self, values: dict[str, str]) -> Policy:
+        """A copy with ``values`` (raw text, as stored) applied; refuses any bad one."""
+        return replace(self, **{k: parse(k, v) for k, v in values.items()})
+
+    def shown(self) -> dict[str, str]:
+        return {f.name: show(f.name, getattr(self, f.name)) for f in fields(self)}
+
+
+KEYS = tuple(f.name for f in fields(Policy))
+DEFAULT = Policy()
+
+HELP = {
+    "lease_timeout": "how long a claim holds a message without touch/read/open (duration > 0)",
+    "max_attempts": "claims before a failing message is abandoned (integer >= 1)",
+    "retry_backoff": "wait before the first retry, doubling per attempt (duration)",
+    "retry_backoff_max": "the longest wait between retries (duration)",
+    "retry_errors": "whether a consumer's own mv to error/ is retried (on/off)",
+    "success_retention": "purge success/ messages finished longer ago (duration or forever)",
+    "error_retention": "purge error/ messages finished longer ago (duration or forever)",
+}
+
+
+def parse_duration(text: str) -> int:
+    """``45``, ``45s``, ``10m``, ``2h``, ``7d``, ``1w`` → nanoseconds."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    if m is None:
+        raise Invalid(f"bad duration {text!r}: use a number with s, m, h, d or w (45, 10m, 7d)")
+    return int(m.group(1)) * _UNITS[m.group(2)] * NS
+
+
+def show_duration(ns: int) -> str:
+    s = ns // NS
+    for unit in ("w", "d", "h", "m"):
+        if s and s % _UNITS[unit] == 0:
+            return f"{s // _UNITS[unit]}{unit}"
+    return f"{s}s"
+
+
+def parse(key: str, text: str) -> Any:
+    """The value of ``key`` written as ``text``; ``Invalid`` with a clear message otherwise."""
+    t = text.strip().lower()
+    if key in ("lease_timeout",):
+        v = parse_duration(t)
+        if v <= 0:
+            raise Invalid(f"{key} must be longer than 0")
+        return v
+    if key in ("retry_backoff", "retry_backoff_max"):
+        return parse_duration(t)
+    if key in ("success_retention", "error_retention"):
+        return None if t in FOREVER else parse_duration(t)
+    if key == "max_attempts":
+        if not t.isdigit() or int(t) < 1:
+            raise Invalid(f"bad max_attempts {text!r}: a whole number, at least 1")
+        return int(t)
+    if key == "retry_errors":
+        if t in ("on", "yes", "true", "1"):
+            return True
+        if t in ("off", "no", "false", "0"):
+            return False
+        raise Invalid(f"bad retry_errors {text!r}: on or off")
+    raise Invalid(f"unknown policy key {key!r}; keys: {', '.join(KEYS)}")
+
+
+def show(key: str, value: Any) -> str:
+    """The canonical text of a value (what is stored and shown)."""
+    if key == "retry_errors":
+        return "on" if value else "off"
+    if key == "max_attempts":
+        return str(value)
+    if value is None:
+        return "forever"
+    return show_duration(value)
+
+
+def parse_assignments(args: list[str]) -> dict[str, str]:
+    """``key=value`` words → canonical texts, all checked before any is applied."""
+    out: dict[str, str] = {}
+    for a in args:
+        key, eq, text = a.partition("=")
+        key = key.strip()
+        if not eq:
+            raise Invalid(f"expected key=value, got {a!r}")
+        out[key] = show(key, parse(key, text))
+    return out
+
+
+def format_lines(values: dict[str, str]) -> str:
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def parse_lines(text: str) -> dict[str, str]:
+    """The ``user.spool.policy`` xattr: ``key=value`` lines (or words) set together."""
+    return parse_assignments(text.replace("\n", " ").split())

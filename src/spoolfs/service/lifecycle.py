@@ -1,0 +1,182 @@
+"""The lifecycle timer (DESIGN §4): every daemon of a store runs one.
+
+Each tick it re-reads the queue policies, extends the leases of claimed messages held open
+here, expires the leases that ran out (working/ -> error/), sends due retries back to ready/
+and purges finished messages past their retention. It finds its work through the store's
+indexes (``due_leases``, ``due_retries``, ``finished_before``), never by scanning messages, and
+every move is a compare-and-set on what it saw, so with several daemons on one store each
+message moves once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from spoolfs.core import lifecycle as L
+from spoolfs.core.errors import SpoolError, StoreFailure
+from spoolfs.core.names import NAME_MAX
+from spoolfs.core.rules import Action, State
+from spoolfs.service.spool import Spool, place
+from spoolfs.store.base import Entry, WriteTx
+
+log = logging.getLogger(__name__)
+
+TICK = 0.5  # seconds between rounds: expiries land within this of their time
+BATCH = 500  # messages moved per transaction; more wait for the next round
+PURGE_EVERY = 5.0  # seconds between retention sweeps
+
+
+def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
+    """``name``, or ``name.~N~`` when it is taken: an automatic move never replaces anything."""
+    if tx.lookup(parent, name) is None:
+        return name
+    n = 1
+    while True:
+        suffix = b".~%d~" % n
+        candidate = name[:NAME_MAX - len(suffix)] + suffix
+        if tx.lookup(parent, candidate) is None:
+            return candidate
+        n += 1
+
+
+class Lifecycle:
+    def __init__(self, spool: Spool, clock: Callable[[], int] | None = None) -> None:
+        self.spool = spool
+        self.clock = clock or spool.clock
+        self._last_purge = 0
+        self.expired = self.retried = self.purged = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            try:
+                await self.step()
+            except SpoolError as e:  # the store is failing: try again next round
+                log.warning("lifecycle round failed: %s", e)
+            await trio.sleep(TICK)
+
+    async def step(self) -> None:
+        self.spool.policies.refresh()
+        await self.spool.renew_held()
+        await self.expire_leases()
+        await self.send_retries()
+        now = self.clock()
+        if now - self._last_purge >= PURGE_EVERY * L.NS:
+            self._last_purge = now
+            await self.purge()
+
+    async def expire_leases(self) -> int:
+        now = self.clock()
+        due = self.spool.r.due_leases(now, BATCH)
+        if not due:
+            return 0
+        gone: list[tuple[int, bytes]] = []
+
+        def fn(tx: WriteTx) -> None:
+            for seen in due:
+                cur = tx.get(seen.id)
+                if (cur is None or cur.state is not State.WORKING or cur.lease_ns != seen.lease_ns
+                        or cur.parent is None or cur.queue is None):
+                    continue  # finished, released, renewed or expired by another daemon
+                policy = self.spool.policies.of(cur.queue)
+                if self.spool.holds(cur.id):  # held open here: the holder keeps it
+                    tx.update(cur.id, lease_ns=L.lease_end(policy, now))
+                    continue
+                after = L.after_failure(policy, cur.attempts, now, expired=True)
+                target = self._state_dir(tx, cur, State.ERROR)
+                name = free_name(tx, target, cur.name)
+                tx.move(cur.id, cur.parent, cur.name, target, name, state=State.ERROR,
+                        consumer=None, lease_ns=None, finished_ns=now, ctime_ns=now,
+                        error=L.LEASE_EXPIRED, retry_ns=after.retry_ns,
+                        abandoned=int(after.abandoned))
+                why = (f"lease expired after attempt {cur.attempts} of {policy.max_attempts}; "
+                       + ("abandoned" if after.abandoned else "will retry"))
+                tx.add_history(cur.id, now, Action.EXPIRE.value, place(cur), State.ERROR.value,
+                               None, None, why)
+                gone.append((cur.parent, cur.name))
+                log.info("message %d %r: %s", cur.id, cur.name, why)
+
+        await self.spool.tx(fn)
+        self._forget(gone)
+        self.expired += len(gone)
+        return len(gone)
+
+    async def send_retries(self) -> int:
+        now = self.clock()
+        due = self.spool.r.due_retries(now, BATCH)
+        if not due:
+            return 0
+        moved = 0
+
+        def fn(tx: WriteTx) -> None:
+            nonlocal moved
+            for seen in due:
+                cur = tx.get(seen.id)
+                if (cur is None or cur.state is not State.ERROR or cur.retry_ns != seen.retry_ns
+                        or cur.parent is None or cur.queue is None):
+                    continue
+                target = self._state_dir(tx, cur, State.READY)
+                name = free_name(tx, target, cur.name)
+                tx.move(cur.id, cur.parent, cur.name, target, name, state=State.READY,
+                        consumer=None, retry_ns=None, abandoned=0, finished_ns=None,
+                        enqueued_ns=now, ctime_ns=now)
+                policy = self.spool.policies.of(cur.queue)
+                tx.add_history(cur.id, now, Action.RETRY.value, place(cur), State.READY.value,
+                               None, None, f"attempt {cur.attempts + 1} of {policy.max_attempts}")
+                moved += 1
+
+        await self.spool.tx(fn)
+        self.retried += moved
+        return moved
+
+    async def purge(self) -> int:
+        now = self.clock()
+        total = 0
+        for queue, policy in self.spool.policies.queues():
+            for state, retention in ((State.SUCCESS, policy.success_retention),
+                                     (State.ERROR, policy.error_retention)):
+                cutoff = L.retention_cutoff(retention, now)
+                if cutoff is not None:
+                    total += await self._purge(queue, state, cutoff)
+        self.purged += total
+        return total
+
+    async def _purge(self, queue: int, state: State, cutoff: int) -> int:
+        old = self.spool.r.finished_before(queue, state, cutoff, BATCH)
+        if not old:
+            return 0
+        cleanup: list[tuple[str, object]] = []
+        gone: list[tuple[int, bytes]] = []
+
+        def fn(tx: WriteTx) -> None:
+            for seen in old:
+                cur = tx.get(seen.id)
+                if (cur is None or cur.state is not state or cur.finished_ns != seen.finished_ns
+                        or cur.retry_ns is not None or cur.parent is None):
+                    continue
+                tx.delete(cur.id)
+                self.spool.content.release(tx, cur, cleanup)
+                tx.drop_history(cur.id)
+                gone.append((cur.parent, cur.name))
+
+        await self.spool.tx(fn)
+        self.spool.content.cleanup(cleanup)
+        self._forget(gone)
+        if gone:
+            log.info("purged %d message(s) from %s/ past their retention", len(gone), state.value)
+        return len(gone)
+
+    @staticmethod
+    def _state_dir(tx: WriteTx, e: Entry, state: State) -> int:
+        assert e.queue is not None
+        d = tx.lookup(e.queue, state.value.encode())
+        if d is None:
+            raise StoreFailure(f"queue {e.queue} has no {state.value}/ directory")
+        return d.id
+
+    def _forget(self, gone: list[tuple[int, bytes]]) -> None:
+        for parent, name in gone:
+            self.spool.on_gone(parent, name)
