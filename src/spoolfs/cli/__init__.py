@@ -11,6 +11,8 @@ SUBCOMMANDS = {
     "umount": "spoolfs.cli.umount",
     "fsck": "spoolfs.cli.fsck",
     "bench": "spoolfs.cli.bench",
+    "queue": "spoolfs.cli.queue",
+    "history": "spoolfs.cli.history",
 }
 
 

@@ -62,7 +62,7 @@ def parse_duration(text: str) -> int:
 
 def show_duration(ns: int) -> str:
     s = ns // NS
-    for unit in ("w", "d", "h", "m"):
+    for unit in ("d", "h", "m"):
         if s and s % _UNITS[unit] == 0:
             return f"{s // _UNITS[unit]}{unit}"
     return f"{s}s"

@@ -1,0 +1,114 @@
+"""``spoolfs queue set|show``: a queue's lifecycle policy (DESIGN §4).
+
+QUEUE is the queue's directory in a mount (``/mnt/spool/orders``, or the root of a ``--queue``
+mount): the values go through the ``user.spool.policy`` attribute, so the daemon checks and
+stores them in one transaction. ``--store STORE NAME`` writes to the store directly (no mount
+needed); running mounts pick the change up within a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+
+from spoolfs.core import policy as P
+from spoolfs.core.errors import Invalid, UserError
+
+XATTR = "user.spool.policy"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spoolfs queue", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    keys = "; ".join(f"{k}: {h}" for k, h in P.HELP.items())
+    s = sub.add_parser("set", help="set policy values", epilog=f"keys — {keys}")
+    s.add_argument("--store", help="the store directory; QUEUE is then the queue's name")
+    s.add_argument("queue", metavar="QUEUE")
+    s.add_argument("values", metavar="key=value", nargs="+")
+    sh = sub.add_parser("show", help="print the policy in effect")
+    sh.add_argument("--store", help="the store directory; QUEUE is then the queue's name")
+    sh.add_argument("queue", metavar="QUEUE")
+    return p
+
+
+def run(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "set":
+        try:
+            values = P.parse_assignments(args.values)
+        except Invalid as e:
+            raise UserError(f"nothing changed: {e}") from None
+        if args.store:
+            shown = _set_in_store(args.store, args.queue, values)
+        else:
+            _set_on_mount(args.queue, values)
+            shown = _show_on_mount(args.queue)
+    else:
+        shown = _show_in_store(args.store, args.queue) if args.store \
+            else _show_on_mount(args.queue)
+    print(shown, end="")
+    return 0
+
+
+def _not_a_queue(path: str, e: OSError) -> UserError:
+    if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EPERM, errno.ENOENT, errno.ENOTDIR):
+        return UserError(f"{path} is not a queue directory on a spoolfs mount")
+    return UserError(f"{path}: {e.strerror}")
+
+
+def _set_on_mount(path: str, values: dict[str, str]) -> None:
+    try:
+        os.setxattr(path, XATTR, P.format_lines(values).encode())
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            raise UserError(f"{path}: the daemon refused the values; nothing changed") from None
+        raise _not_a_queue(path, e) from None
+
+
+def _show_on_mount(path: str) -> str:
+    try:
+        return os.getxattr(path, XATTR).decode()
+    except OSError as e:
+        raise _not_a_queue(path, e) from None
+
+
+def _open(store_dir: str):  # type: ignore[no-untyped-def]
+    from spoolfs.store.sqlite import open_store
+
+    if not os.path.exists(os.path.join(store_dir, "meta.db")):
+        raise UserError(f"{store_dir} is not a spoolfs store (no meta.db)")
+    return open_store(store_dir)
+
+
+def _queue_id(store, name: str) -> int:  # type: ignore[no-untyped-def]
+    e = store.reader().lookup(1, name.encode())
+    if e is None or e.kind != "queue":
+        raise UserError(f"no queue {name!r} in the store")
+    return int(e.id)
+
+
+def _set_in_store(store_dir: str, name: str, values: dict[str, str]) -> str:
+    store = _open(store_dir)
+    try:
+        qid = _queue_id(store, name)
+        ok, err = store.run_batch([lambda tx: tx.set_policy(qid, dict(values))], True)[0]
+        if not ok:
+            raise UserError(f"nothing changed: {err}")
+        return _shown(store, qid)
+    finally:
+        store.close()
+
+
+def _show_in_store(store_dir: str, name: str) -> str:
+    store = _open(store_dir)
+    try:
+        return _shown(store, _queue_id(store, name))
+    finally:
+        store.close()
+
+
+def _shown(store, qid: int) -> str:  # type: ignore[no-untyped-def]
+    stored = store.reader().policies().get(qid, {})
+    return P.format_lines(P.DEFAULT.with_values(stored).shown())
