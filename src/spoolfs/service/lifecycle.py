@@ -56,6 +56,8 @@ class Lifecycle:
                 await self.step()
             except SpoolError as e:  # the store is failing: try again next round
                 log.warning("lifecycle round failed: %s", e)
+            except Exception:  # never take the mount down with the timer
+                log.exception("lifecycle round failed")
             await trio.sleep(TICK)
 
     async def step(self) -> None:
