@@ -18,10 +18,17 @@ def lease_end(policy: Policy, now_ns: int) -> int:
     return now_ns + policy.lease_timeout
 
 
+#: an open handle or a read renews a lease with less than this left, whatever its length: the
+#: renewal must land in the store before any daemon's timer (a tick of 0.5 s) sees it lapse
+RENEW_MARGIN = 2 * NS
+
+
 def renewal_due(policy: Policy, lease_ns: int | None, now_ns: int) -> bool:
-    """Whether a read or an open handle should extend the lease now: once half of it is gone
-    (so a busy reader commits at most twice per lease, and never lets it lapse)."""
-    return lease_ns is not None and lease_ns - now_ns < policy.lease_timeout // 2
+    """Whether a read or an open handle should extend the lease now: once half of it is gone,
+    or less than ``RENEW_MARGIN`` is left (so a busy reader commits about twice per lease, and
+    a short lease held open never lapses between two ticks)."""
+    return lease_ns is not None and \
+        lease_ns - now_ns < max(policy.lease_timeout // 2, RENEW_MARGIN)
 
 
 def lease_expired(lease_ns: int | None, now_ns: int) -> bool:

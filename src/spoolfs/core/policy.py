@@ -14,7 +14,7 @@ from spoolfs.core.errors import Invalid
 
 NS = 1_000_000_000
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d+)(s|m|h|d|w|)")
+_DURATION = re.compile(r"([0-9]+)(s|m|h|d|w|)")
 FOREVER = ("forever", "never", "off", "none", "0")  # retention: keep forever
 
 
@@ -81,7 +81,7 @@ def parse(key: str, text: str) -> Any:
     if key in ("success_retention", "error_retention"):
         return None if t in FOREVER else parse_duration(t)
     if key == "max_attempts":
-        if not t.isdigit() or int(t) < 1:
+        if not re.fullmatch(r"[0-9]+", t) or int(t) < 1:
             raise Invalid(f"bad max_attempts {text!r}: a whole number, at least 1")
         return int(t)
     if key == "retry_errors":

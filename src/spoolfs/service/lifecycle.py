@@ -70,69 +70,84 @@ class Lifecycle:
             self._last_purge = now
             await self.purge()
 
+    async def _each(self, what: str, items: list[Entry],
+                    fn: Callable[[Entry, WriteTx], tuple[int, bytes] | None]) -> list[int]:
+        """Apply ``fn`` to each item in a request of its own, all submitted together: group
+        commit makes them one transaction, and a message that fails (logged) holds up no other.
+        Returns the ids that moved (committed); their old names are dropped from the kernel's
+        cache."""
+        gone: list[tuple[int, bytes]] = []
+        done: list[int] = []
+
+        async def one(seen: Entry) -> None:
+            try:
+                moved = await self.spool.tx(lambda tx: fn(seen, tx))
+            except SpoolError as e:
+                log.warning("%s of message %d %r failed: %s", what, seen.id, seen.name, e)
+                return
+            if moved is not None:
+                gone.append(moved)
+                done.append(seen.id)
+
+        async with trio.open_nursery() as n:
+            for seen in items:
+                n.start_soon(one, seen)
+        self._forget(gone)
+        return done
+
     async def expire_leases(self) -> int:
         now = self.clock()
         due = self.spool.r.due_leases(now, BATCH)
-        if not due:
-            return 0
-        gone: list[tuple[int, bytes]] = []
 
-        def fn(tx: WriteTx) -> None:
-            for seen in due:
-                cur = tx.get(seen.id)
-                if (cur is None or cur.state is not State.WORKING or cur.lease_ns != seen.lease_ns
-                        or cur.parent is None or cur.queue is None):
-                    continue  # finished, released, renewed or expired by another daemon
-                policy = self.spool.policies.of(cur.queue)
-                if self.spool.holds(cur.id):  # held open here: the holder keeps it
-                    tx.update(cur.id, lease_ns=L.lease_end(policy, now))
-                    continue
-                after = L.after_failure(policy, cur.attempts, now, expired=True)
-                target = self._state_dir(tx, cur, State.ERROR)
-                name = free_name(tx, target, cur.name)
-                tx.move(cur.id, cur.parent, cur.name, target, name, state=State.ERROR,
-                        consumer=None, lease_ns=None, finished_ns=now, ctime_ns=now,
-                        error=L.LEASE_EXPIRED, retry_ns=after.retry_ns,
-                        abandoned=int(after.abandoned))
-                why = (f"lease expired after attempt {cur.attempts} of {policy.max_attempts}; "
-                       + ("abandoned" if after.abandoned else "will retry"))
-                tx.add_history(cur.id, now, Action.EXPIRE.value, place(cur), State.ERROR.value,
-                               None, None, why)
-                gone.append((cur.parent, cur.name))
-                log.info("message %d %r: %s", cur.id, cur.name, why)
+        def expire(seen: Entry, tx: WriteTx) -> tuple[int, bytes] | None:
+            cur = tx.get(seen.id)
+            if (cur is None or cur.state is not State.WORKING or cur.lease_ns != seen.lease_ns
+                    or cur.parent is None or cur.queue is None):
+                return None  # finished, released, renewed or expired by another daemon
+            policy = self.spool.policies.of(cur.queue)
+            if self.spool.holds(cur.id):  # held open here: the holder keeps it
+                tx.update(cur.id, lease_ns=L.lease_end(policy, now))
+                return None
+            after = L.after_failure(policy, cur.attempts, now, expired=True)
+            target = self._state_dir(tx, cur, State.ERROR)
+            name = free_name(tx, target, cur.name)
+            tx.move(cur.id, cur.parent, cur.name, target, name, state=State.ERROR,
+                    consumer=None, lease_ns=None, finished_ns=now, ctime_ns=now,
+                    error=L.LEASE_EXPIRED, retry_ns=after.retry_ns,
+                    abandoned=int(after.abandoned))
+            why = (f"lease expired after attempt {cur.attempts} of {policy.max_attempts}; "
+                   + ("abandoned" if after.abandoned else "will retry"))
+            tx.add_history(cur.id, now, Action.EXPIRE.value, place(cur), State.ERROR.value,
+                           None, None, why)
+            log.info("message %d %r: %s", cur.id, cur.name, why)
+            return cur.parent, cur.name
 
-        await self.spool.tx(fn)
-        self._forget(gone)
-        self.expired += len(gone)
-        return len(gone)
+        n = len(await self._each("lease expiry", due, expire))
+        self.expired += n
+        return n
 
     async def send_retries(self) -> int:
         now = self.clock()
         due = self.spool.r.due_retries(now, BATCH)
-        if not due:
-            return 0
-        moved = 0
 
-        def fn(tx: WriteTx) -> None:
-            nonlocal moved
-            for seen in due:
-                cur = tx.get(seen.id)
-                if (cur is None or cur.state is not State.ERROR or cur.retry_ns != seen.retry_ns
-                        or cur.parent is None or cur.queue is None):
-                    continue
-                target = self._state_dir(tx, cur, State.READY)
-                name = free_name(tx, target, cur.name)
-                tx.move(cur.id, cur.parent, cur.name, target, name, state=State.READY,
-                        consumer=None, retry_ns=None, abandoned=0, finished_ns=None,
-                        enqueued_ns=now, ctime_ns=now)
-                policy = self.spool.policies.of(cur.queue)
-                tx.add_history(cur.id, now, Action.RETRY.value, place(cur), State.READY.value,
-                               None, None, f"attempt {cur.attempts + 1} of {policy.max_attempts}")
-                moved += 1
+        def retry(seen: Entry, tx: WriteTx) -> tuple[int, bytes] | None:
+            cur = tx.get(seen.id)
+            if (cur is None or cur.state is not State.ERROR or cur.retry_ns != seen.retry_ns
+                    or cur.parent is None or cur.queue is None):
+                return None
+            target = self._state_dir(tx, cur, State.READY)
+            name = free_name(tx, target, cur.name)
+            tx.move(cur.id, cur.parent, cur.name, target, name, state=State.READY,
+                    consumer=None, retry_ns=None, abandoned=0, finished_ns=None,
+                    enqueued_ns=now, ctime_ns=now)
+            policy = self.spool.policies.of(cur.queue)
+            tx.add_history(cur.id, now, Action.RETRY.value, place(cur), State.READY.value,
+                           None, None, f"attempt {cur.attempts + 1} of {policy.max_attempts}")
+            return cur.parent, cur.name
 
-        await self.spool.tx(fn)
-        self.retried += moved
-        return moved
+        n = len(await self._each("retry", due, retry))
+        self.retried += n
+        return n
 
     async def purge(self) -> int:
         now = self.clock()
@@ -148,28 +163,26 @@ class Lifecycle:
 
     async def _purge(self, queue: int, state: State, cutoff: int) -> int:
         old = self.spool.r.finished_before(queue, state, cutoff, BATCH)
-        if not old:
-            return 0
-        cleanup: list[tuple[str, object]] = []
-        gone: list[tuple[int, bytes]] = []
+        cleanup: dict[int, list[tuple[str, object]]] = {}
 
-        def fn(tx: WriteTx) -> None:
-            for seen in old:
-                cur = tx.get(seen.id)
-                if (cur is None or cur.state is not state or cur.finished_ns != seen.finished_ns
-                        or cur.retry_ns is not None or cur.parent is None):
-                    continue
-                tx.delete(cur.id)
-                self.spool.content.release(tx, cur, cleanup)
-                tx.drop_history(cur.id)
-                gone.append((cur.parent, cur.name))
+        def purge(seen: Entry, tx: WriteTx) -> tuple[int, bytes] | None:
+            cur = tx.get(seen.id)
+            if (cur is None or cur.state is not state or cur.finished_ns != seen.finished_ns
+                    or cur.retry_ns is not None or cur.parent is None):
+                return None
+            tx.delete(cur.id)
+            cleanup[cur.id] = []
+            self.spool.content.release(tx, cur, cleanup[cur.id])
+            tx.drop_history(cur.id)
+            return cur.parent, cur.name
 
-        await self.spool.tx(fn)
-        self.spool.content.cleanup(cleanup)
-        self._forget(gone)
-        if gone:
-            log.info("purged %d message(s) from %s/ past their retention", len(gone), state.value)
-        return len(gone)
+        purged = await self._each("purge", old, purge)
+        for entry_id in purged:  # files go only once the deletion committed
+            self.spool.content.cleanup(cleanup[entry_id])
+        n = len(purged)
+        if n:
+            log.info("purged %d message(s) from %s/ past their retention", n, state.value)
+        return n
 
     @staticmethod
     def _state_dir(tx: WriteTx, e: Entry, state: State) -> int:
