@@ -52,12 +52,19 @@ HELP = {
 }
 
 
+#: the longest duration a policy may hold: times stay well inside the store's 64-bit integers
+MAX_DURATION = 100 * 365 * 86400 * NS
+
+
 def parse_duration(text: str) -> int:
-    """``45``, ``45s``, ``10m``, ``2h``, ``7d``, ``1w`` → nanoseconds."""
+    """``45``, ``45s``, ``10m``, ``2h``, ``7d``, ``1w`` → nanoseconds (at most 100 years)."""
     m = _DURATION.fullmatch(text.strip().lower())
     if m is None:
         raise Invalid(f"bad duration {text!r}: use a number with s, m, h, d or w (45, 10m, 7d)")
-    return int(m.group(1)) * _UNITS[m.group(2)] * NS
+    ns = int(m.group(1)) * _UNITS[m.group(2)] * NS
+    if ns > MAX_DURATION:
+        raise Invalid(f"duration {text!r} is longer than 100 years")
+    return ns
 
 
 def show_duration(ns: int) -> str:

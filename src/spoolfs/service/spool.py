@@ -433,6 +433,8 @@ class Spool:
                 if dst_state is State.ERROR:
                     after = L.after_failure(policy, src.attempts, now, expired=False)
                     fields.update(retry_ns=after.retry_ns, abandoned=int(after.abandoned))
+            elif action is Action.RELEASE:  # given back unprocessed: not an attempt
+                fields.update(attempts=max(src.attempts - 1, 0))
             elif action in (Action.REDRIVE, Action.FORWARD):
                 fields.update(enqueued_ns=now, finished_ns=None, attempts=0, error=None)
             if not tx.move(src.id, parent, name, new_parent, new_name, **fields):

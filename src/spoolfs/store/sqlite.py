@@ -273,7 +273,8 @@ class SqliteStore(Store):
                 c.execute("SAVEPOINT op")
                 try:
                     res = fn(self._writer)
-                except (SpoolError, sqlite3.IntegrityError, OSError, ValueError) as e:
+                except (SpoolError, sqlite3.IntegrityError, OSError, ValueError, ArithmeticError,
+                        TypeError) as e:  # this request fails alone; the others commit
                     c.execute("ROLLBACK TO op")
                     c.execute("RELEASE op")
                     results.append((False, e))

@@ -1,0 +1,725 @@
+"""The lifecycle (DESIGN §4) on a real store in tmp_path, with a fake clock and no kernel:
+leases, attempts, retries with backoff, abandonment, retention, and two daemons on one store.
+Every test ends with fsck clean."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from spoolfs.core import policy as P
+from spoolfs.core.errors import Invalid, NotFound, SpoolError
+from spoolfs.core.policy import NS
+from spoolfs.core.rules import State
+from spoolfs.service.content import INLINE_MAX
+from spoolfs.service.fsck import Fsck
+from spoolfs.service.lifecycle import Lifecycle
+from spoolfs.service.spool import Spool, Who
+from spoolfs.store.base import Entry
+from spoolfs.store.sqlite import open_store
+
+WHO = Who(0, 0, 1)
+T0 = 1_700_000_000 * NS
+MIN = 60 * NS
+
+
+class Clock:
+    """A fake clock: nanoseconds that only move when the test says so."""
+
+    def __init__(self, t: int = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+    def advance(self, ns: int) -> int:
+        self.t += ns
+        return self.t
+
+
+class Q:
+    def __init__(self, spool: Spool, qid: int) -> None:
+        self.spool, self.id = spool, qid
+        self.dirs = {st: spool.lookup(qid, st.value.encode()).id for st in State}
+
+    def __getitem__(self, st: State) -> int:
+        return self.dirs[st]
+
+
+@dataclass
+class Env:
+    spool: Spool
+    q: Q
+    clock: Clock
+    lc: Lifecycle
+    path: str
+
+    async def policy(self, **values: str) -> None:
+        await set_policy(self.spool, self.q.id, **values)
+
+    async def view(self, name: bytes = b"w") -> int:
+        return (await self.spool.mkdir(self.q[State.WORKING], name, 0o755, WHO)).id
+
+
+async def set_policy(spool: Spool, qid: int, **values: str) -> None:
+    canonical = P.parse_assignments([f"{k}={v}" for k, v in values.items()])
+    await spool.tx(lambda tx: tx.set_policy(qid, canonical))
+    spool.policies.refresh()
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    store = open_store(str(tmp_path))
+    clock = Clock()
+    spool = Spool(store, str(tmp_path), clock=clock)
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        yield Env(spool, Q(spool, qe.id), clock, Lifecycle(spool), str(tmp_path))
+        spool.committer.close()
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []
+
+
+async def upload(spool: Spool, d: int, name: bytes, data: bytes = b"x") -> int:
+    e, h = await spool.create(d, name, 0o644, WHO)
+    spool.write(h, 0, data)
+    await spool.close(h, WHO)
+    return e.id
+
+
+async def claim(spool: Spool, q: Q, view: int, name: bytes) -> Entry:
+    await spool.rename(q[State.READY], name, view, name, 0, WHO)
+    return spool.lookup(view, name)
+
+
+def names(spool: Spool, d: int) -> set[bytes]:
+    return {e.name for e in spool.listdir(d)}
+
+
+def actions(spool: Spool, mid: int) -> list[str]:
+    return [h[1] for h in spool.r.history(mid)]
+
+
+def attr(spool: Spool, mid: int, key: bytes) -> bytes:
+    return spool.getxattr(spool.get(mid), b"user.spool." + key)
+
+
+# ---- leases -----------------------------------------------------------------------------------
+
+async def test_claim_starts_a_lease_and_counts_an_attempt(env: Env) -> None:
+    spool, q, clock = env.spool, env.q, env.clock
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    e = await claim(spool, q, w, b"f")
+    assert e.id == mid and e.state is State.WORKING and e.attempts == 1
+    assert e.lease_ns == clock() + 10 * NS and e.claimed_ns == clock()
+    assert b"user.spool.lease_expires" in spool.xattr_names(e)
+
+
+async def test_default_lease_is_ten_minutes(env: Env) -> None:
+    spool, q, clock = env.spool, env.q, env.clock
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    assert (await claim(spool, q, w, b"f")).lease_ns == clock() + 10 * MIN
+    clock.advance(10 * MIN - 1)
+    await env.lc.step()
+    assert spool.get(mid).state is State.WORKING
+    clock.advance(1)
+    assert await env.lc.expire_leases() == 1
+    assert spool.get(mid).state is State.ERROR
+
+
+async def test_expired_lease_goes_to_error_then_back_to_ready(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f", b"payload")
+    w = await env.view()
+    await claim(spool, q, w, b"f")
+    clock.advance(9 * NS)
+    await lc.step()
+    assert spool.get(mid).state is State.WORKING and names(spool, w) == {b"f"}
+
+    clock.advance(2 * NS)
+    assert await lc.expire_leases() == 1
+    e = spool.get(mid)
+    assert e.state is State.ERROR and e.parent == q[State.ERROR] and e.name == b"f"
+    assert e.error == b"lease expired" and attr(spool, mid, b"error") == b"lease expired"
+    assert e.lease_ns is None and e.consumer is None and e.attempts == 1
+    assert e.retry_ns == clock() and not e.abandoned  # backoff 0: due now
+    assert names(spool, w) == set() and names(spool, q[State.ERROR]) == {b"f"}
+    # the fence: the stale holder's later mv fails with ENOENT and changes nothing
+    with pytest.raises(NotFound):
+        await spool.rename(w, b"f", q[State.SUCCESS], b"f", 0, WHO)
+    assert names(spool, q[State.SUCCESS]) == set()
+
+    assert await lc.send_retries() == 1
+    e = spool.get(mid)
+    assert e.state is State.READY and e.parent == q[State.READY] and e.name == b"f"
+    assert e.retry_ns is None and e.attempts == 1 and not e.abandoned and e.lease_ns is None
+    assert actions(spool, mid) == ["publish", "claim", "expire", "retry"]
+    assert lc.expired == 1 and lc.retried == 1
+    assert await lc.expire_leases() == 0 and await lc.send_retries() == 0  # nothing twice
+
+
+async def test_one_step_expires_and_retries_with_zero_backoff(env: Env) -> None:
+    spool, q, clock = env.spool, env.q, env.clock
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    await claim(spool, q, w, b"f")
+    clock.advance(10 * NS)
+    await env.lc.step()
+    assert spool.get(mid).state is State.READY
+    assert names(spool, q[State.READY]) == {b"f"} and names(spool, q[State.ERROR]) == set()
+    e = await claim(spool, q, w, b"f")
+    assert e.attempts == 2
+
+
+async def test_touch_extends_the_lease(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    await claim(spool, q, w, b"f")
+    for _ in range(5):  # a shell heartbeat every 8 s keeps it well past 10 s
+        clock.advance(8 * NS)
+        e = await spool.setattr(mid, mtime_ns=clock(), who=WHO)
+        assert e.lease_ns == clock() + 10 * NS and e.mtime_ns == clock()
+        await lc.step()
+        assert spool.get(mid).state is State.WORKING
+    clock.advance(9 * NS)
+    await lc.step()
+    assert spool.get(mid).state is State.WORKING
+    clock.advance(1 * NS)
+    assert await lc.expire_leases() == 1
+    assert spool.get(mid).error == b"lease expired"
+
+
+async def test_touch_never_shortens_a_lease(env: Env) -> None:
+    spool, q, clock = env.spool, env.q, env.clock
+    await env.policy(lease_timeout="10m")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    lease = (await claim(spool, q, w, b"f")).lease_ns
+    await env.policy(lease_timeout="10s")  # shortened while claimed
+    clock.advance(NS)
+    assert (await spool.setattr(mid, mtime_ns=clock(), who=WHO)).lease_ns == lease
+
+
+async def test_touch_outside_working_sets_no_lease(env: Env) -> None:
+    spool, q = env.spool, env.q
+    mid = await upload(spool, q[State.READY], b"f")
+    e = await spool.setattr(mid, mtime_ns=env.clock() + 5, who=WHO)
+    assert e.lease_ns is None and e.state is State.READY
+
+
+async def test_open_handle_keeps_the_lease_across_steps(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f", b"data")
+    w = await env.view()
+    await claim(spool, q, w, b"f")
+    h = await spool.open(mid, False, False, WHO)
+    assert spool.holds(mid)
+    for _ in range(12):  # a minute, far past the 10 s lease, in ticks shorter than it
+        clock.advance(4 * NS)
+        await lc.step()
+        e = spool.get(mid)
+        assert e.state is State.WORKING and e.lease_ns is not None and e.lease_ns > clock()
+    clock.advance(30 * NS)  # even a long stall of the timer: the holder keeps it
+    await lc.step()
+    assert spool.get(mid).state is State.WORKING
+    await spool.close(h, WHO)
+    assert not spool.holds(mid)
+    closed = clock()
+    assert spool.get(mid).lease_ns == closed + 10 * NS  # the timeout counts from the close
+    clock.advance(9 * NS)
+    await lc.step()
+    assert spool.get(mid).state is State.WORKING
+    clock.advance(1 * NS)
+    assert await lc.expire_leases() == 1
+    assert spool.get(mid).state is State.ERROR
+    assert actions(spool, mid).count("expire") == 1
+
+
+async def test_handover_keeps_the_lease(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f")
+    w1, w2 = await env.view(b"w1"), await env.view(b"w2")
+    lease = (await claim(spool, q, w1, b"f")).lease_ns
+    clock.advance(5 * NS)
+    await spool.rename(w1, b"f", w2, b"f", 0, WHO)
+    e = spool.get(mid)
+    assert e.consumer == "w2" and e.lease_ns == lease and e.attempts == 1
+    clock.advance(5 * NS)
+    await lc.step()
+    assert names(spool, w2) == set()
+    assert actions(spool, mid)[-2:] == ["expire", "retry"]
+
+
+async def test_release_and_finish_end_the_lease(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s")
+    a = await upload(spool, q[State.READY], b"a")
+    b = await upload(spool, q[State.READY], b"b")
+    w = await env.view()
+    await claim(spool, q, w, b"a")
+    await claim(spool, q, w, b"b")
+    await spool.rename(w, b"a", q[State.READY], b"a", 0, WHO)  # release
+    await spool.rename(w, b"b", q[State.SUCCESS], b"b", 0, WHO)  # finish
+    assert spool.get(a).lease_ns is None and spool.get(b).lease_ns is None
+    clock.advance(MIN)
+    await lc.step()
+    assert spool.get(a).state is State.READY and spool.get(b).state is State.SUCCESS
+    assert lc.expired == 0
+    assert "expire" not in actions(spool, a) + actions(spool, b)
+
+
+async def test_a_read_renews_the_lease_once_half_is_gone(env: Env) -> None:
+    spool, q, clock = env.spool, env.q, env.clock
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f", b"data")
+    w = await env.view()
+    lease = (await claim(spool, q, w, b"f")).lease_ns
+    h = await spool.open(mid, False, False, WHO)
+    try:
+        clock.advance(4 * NS)
+        await spool.reading(h)  # 6 s of 10 left: not yet
+        assert spool.get(mid).lease_ns == lease
+        h.lease_checked = 0.0  # (reads look at the lease at most once a real second)
+        clock.advance(2 * NS)
+        await spool.reading(h)  # 4 s left: renewed to a full lease from now
+        assert spool.get(mid).lease_ns == clock() + 10 * NS
+    finally:
+        await spool.close(h, WHO)
+
+
+async def test_the_kernel_is_told_of_every_automatic_move(env: Env) -> None:
+    """``on_gone`` (the FUSE layer drops the cached name) for each name the timer takes away:
+    an expiry's working/ name, a retry's error/ name, a purge's name."""
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    gone: list[tuple[int, bytes]] = []
+    spool.on_gone = lambda parent, name: gone.append((parent, name))
+    await env.policy(lease_timeout="10s", retry_backoff="1m", error_retention="1h")
+    w = await env.view()
+    await upload(spool, q[State.READY], b"f")
+    await claim(spool, q, w, b"f")
+    clock.advance(10 * NS)
+    await lc.expire_leases()
+    assert gone == [(w, b"f")]
+    clock.advance(MIN)
+    assert await lc.send_retries() == 1
+    assert names(spool, q[State.ERROR]) == set()
+    assert (q[State.ERROR], b"f") in gone, f"the retry left error/f cached: {gone}"
+    await claim(spool, q, w, b"f")
+    await spool.rename(w, b"f", q[State.ERROR], b"f", 0, WHO)
+    clock.advance(3601 * NS)
+    assert await lc.purge() == 1
+    assert gone.count((q[State.ERROR], b"f")) == 2
+
+
+async def test_a_bad_stored_policy_value_falls_back_to_the_default(env: Env) -> None:
+    """A value written by another tool that this one refuses is ignored (the default holds),
+    the other keys still apply."""
+    spool, q = env.spool, env.q
+    await spool.tx(lambda tx: tx.set_policy(q.id, {"max_attempts": "zero", "colour": "red",
+                                                   "lease_timeout": "20s"}))
+    spool.policies.refresh()
+    p = spool.policies.of(q.id)
+    assert p.max_attempts == 5 and p.lease_timeout == 20 * NS
+
+
+# ---- attempts, backoff, abandonment ---------------------------------------------------------
+
+async def test_retry_waits_for_the_backoff_doubling(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s", retry_backoff="30s", retry_backoff_max="1m")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    for attempt, wait in ((1, 30), (2, 60), (3, 60)):
+        e = await claim(spool, q, w, b"f")
+        assert e.attempts == attempt
+        clock.advance(10 * NS)
+        await lc.step()
+        e = spool.get(mid)
+        assert e.state is State.ERROR and e.retry_ns == clock() + wait * NS
+        assert b"user.spool.retry_at" in spool.xattr_names(e)
+        clock.advance(wait * NS - 1)
+        await lc.step()
+        assert spool.get(mid).state is State.ERROR
+        clock.advance(1)
+        await lc.step()
+        assert spool.get(mid).state is State.READY
+
+
+async def test_abandoned_after_max_attempts_until_redriven(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s", max_attempts="3")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    for n in (1, 2, 3):
+        assert (await claim(spool, q, w, b"f")).attempts == n
+        clock.advance(11 * NS)
+        await lc.step()
+    e = spool.get(mid)
+    assert e.state is State.ERROR and e.abandoned and e.retry_ns is None and e.attempts == 3
+    assert attr(spool, mid, b"abandoned") == b"1" and attr(spool, mid, b"attempts") == b"3"
+    clock.advance(365 * 86400 * NS)  # it stays, whatever the wait
+    await lc.step()
+    assert spool.get(mid).state is State.ERROR and names(spool, q[State.READY]) == set()
+    assert actions(spool, mid) == ["publish"] + ["claim", "expire", "retry"] * 2 + [
+        "claim", "expire"]
+    history = spool.history_text(mid)
+    assert "abandoned" in history and "attempt 3 of 3" in history
+
+    await spool.rename(q[State.ERROR], b"f", q[State.READY], b"f", 0, WHO)  # redrive
+    e = spool.get(mid)
+    assert e.state is State.READY and e.attempts == 0 and not e.abandoned and e.error is None
+    assert b"user.spool.abandoned" not in spool.xattr_names(e)
+    assert (await claim(spool, q, w, b"f")).attempts == 1
+
+
+async def test_explicit_error_is_final_by_default(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    await claim(spool, q, w, b"f")
+    await spool.setxattr(spool.get(mid), b"user.spool.error", b"bad input", WHO)
+    await spool.rename(w, b"f", q[State.ERROR], b"f", 0, WHO)
+    e = spool.get(mid)
+    assert e.retry_ns is None and not e.abandoned and e.error == b"bad input"
+    clock.advance(7 * 86400 * NS)
+    await lc.step()
+    assert spool.get(mid).state is State.ERROR and lc.retried == 0
+
+
+async def test_explicit_error_retries_when_retry_errors_on(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(retry_errors="on", max_attempts="2", retry_backoff="5s")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    await claim(spool, q, w, b"f")
+    await spool.rename(w, b"f", q[State.ERROR], b"f", 0, WHO)
+    assert spool.get(mid).retry_ns == clock() + 5 * NS
+    clock.advance(5 * NS)
+    await lc.step()
+    assert spool.get(mid).state is State.READY and spool.get(mid).attempts == 1
+    await claim(spool, q, w, b"f")
+    await spool.rename(w, b"f", q[State.ERROR], b"f", 0, WHO)
+    e = spool.get(mid)  # the second of two attempts: out of attempts
+    assert e.abandoned and e.retry_ns is None
+    clock.advance(MIN)
+    await lc.step()
+    assert spool.get(mid).state is State.ERROR
+
+
+async def test_attempts_never_exceed_max_in_working(env: Env) -> None:
+    """A claim counts an attempt; a message with none left is never in working/ again.
+    Releasing (giving back unprocessed) must not let a message be claimed more than
+    max_attempts times between two redrives."""
+    spool, q = env.spool, env.q
+    await env.policy(max_attempts="2")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    for _ in range(3):
+        e = await claim(spool, q, w, b"f")
+        assert e.attempts <= 2, f"claimed with attempts={e.attempts} > max_attempts=2"
+        await spool.rename(w, b"f", q[State.READY], b"f", 0, WHO)  # release
+    assert spool.get(mid).state is State.READY
+
+
+async def test_policy_set_as_xattr_takes_effect(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    qe = spool.get(q.id)
+    await spool.setxattr(qe, b"user.spool.policy.lease_timeout", b"20", WHO)
+    assert spool.getxattr(qe, b"user.spool.policy.lease_timeout") == b"20s"
+    with pytest.raises(Invalid):
+        await spool.setxattr(qe, b"user.spool.policy.max_attempts", b"0", WHO)
+    assert spool.getxattr(qe, b"user.spool.policy.max_attempts") == b"5"
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    assert (await claim(spool, q, w, b"f")).lease_ns == clock() + 20 * NS
+    clock.advance(20 * NS)
+    await lc.step()
+    assert spool.get(mid).state is State.READY
+
+
+async def test_policy_too_large_for_the_store_is_refused_or_works(env: Env) -> None:
+    """A lease of 10^10 s (an operator's typo) either is refused when set, with a clear
+    message, or claims keep working: never an internal error on every claim."""
+    spool, q = env.spool, env.q
+    try:
+        await env.policy(lease_timeout="10000000000")
+    except Invalid:
+        return
+    await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    try:
+        e = await claim(spool, q, w, b"f")
+    except SpoolError as err:
+        pytest.fail(f"lease_timeout=10000000000 was accepted, then the claim failed: {err!r}")
+    assert e.state is State.WORKING
+
+
+async def test_one_queue_with_a_huge_backoff_does_not_stall_expiry_elsewhere(env: Env) -> None:
+    """Policies are per queue: a backoff beyond what the store can hold (accepted by
+    ``queue set``) must not stop the timer for every other queue of the store."""
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    try:
+        await env.policy(lease_timeout="10s", retry_backoff="1000000w",
+                         retry_backoff_max="1000000w")
+    except Invalid:
+        return  # refused when set: nothing can stall
+    q2 = Q(spool, (await spool.mkdir(1, b"q2", 0o755, WHO)).id)
+    await set_policy(spool, q2.id, lease_timeout="10s")
+    other = await upload(spool, q2[State.READY], b"g")
+    w2 = (await spool.mkdir(q2[State.WORKING], b"w", 0o755, WHO)).id
+    await claim(spool, q2, w2, b"g")
+    await upload(spool, q[State.READY], b"f")
+    await claim(spool, q, await env.view(), b"f")
+    clock.advance(10 * NS)
+    failure = None
+    try:
+        await lc.step()
+    except SpoolError as err:
+        failure = err
+    assert spool.get(other).state is not State.WORKING, \
+        f"q2's lease ran out but it stayed in working/: the round failed with {failure!r}"
+    assert failure is None
+
+
+# ---- retention --------------------------------------------------------------------------------
+
+async def test_retention_purges_and_frees_content(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(success_retention="1h", error_retention="1d")
+    big = os.urandom(INLINE_MAX * 2)
+    w = await env.view()
+    s = await upload(spool, q[State.READY], b"s", big)
+    e = await upload(spool, q[State.READY], b"e", os.urandom(INLINE_MAX * 2))
+    await claim(spool, q, w, b"s")
+    await claim(spool, q, w, b"e")
+    await spool.rename(w, b"s", q[State.SUCCESS], b"s", 0, WHO)
+    await spool.rename(w, b"e", q[State.ERROR], b"e", 0, WHO)
+    assert len(spool.content.blobs.walk()) == 2
+
+    clock.advance(3600 * NS)
+    assert await lc.purge() == 0  # exactly the retention: not older yet
+    clock.advance(1)
+    assert await lc.purge() == 1
+    with pytest.raises(NotFound):
+        spool.get(s)
+    assert names(spool, q[State.SUCCESS]) == set() and spool.r.history(s) == []
+    assert len(spool.content.blobs.walk()) == 1  # the purged message's blob file is gone
+    assert spool.get(e).state is State.ERROR
+
+    clock.advance(86400 * NS)
+    await lc.step()  # the timer purges too
+    with pytest.raises(NotFound):
+        spool.get(e)
+    assert spool.content.blobs.walk() == [] and lc.purged == 2
+
+
+async def test_retention_keeps_shared_content_and_pending_retries(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(success_retention="1m", error_retention="1m", retry_backoff="1h",
+                     retry_backoff_max="1h", lease_timeout="10s")
+    data = os.urandom(INLINE_MAX * 2)
+    w = await env.view()
+    a = await upload(spool, q[State.READY], b"a", data)
+    await claim(spool, q, w, b"a")
+    await spool.rename(w, b"a", q[State.SUCCESS], b"a", 0, WHO)
+    b = (await spool.link(a, q[State.READY], b"b", WHO)).id  # fan-out shares the blob
+    r = await upload(spool, q[State.READY], b"r")
+    await claim(spool, q, w, b"r")
+    clock.advance(10 * NS)
+    await lc.step()  # r expires, retry due in an hour
+    assert spool.get(r).state is State.ERROR and spool.get(r).retry_ns is not None
+    clock.advance(2 * MIN)
+    assert await lc.purge() == 1  # a only: r waits for its retry
+    with pytest.raises(NotFound):
+        spool.get(a)
+    assert spool.get(r).state is State.ERROR
+    assert len(spool.content.blobs.walk()) == 1  # b still holds the shared content
+    h = spool.content.open(spool.r, spool.get(b), False)
+    try:
+        assert h.read(0, 1 << 30) == data
+    finally:
+        h.close()
+
+
+async def test_default_retention_keeps_forever(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    w = await env.view()
+    mids = [await upload(spool, q[State.READY], n) for n in (b"s", b"e")]
+    await claim(spool, q, w, b"s")
+    await claim(spool, q, w, b"e")
+    await spool.rename(w, b"s", q[State.SUCCESS], b"s", 0, WHO)
+    await spool.rename(w, b"e", q[State.ERROR], b"e", 0, WHO)
+    await env.policy(lease_timeout="10m")  # stored settings, retention still the default
+    clock.advance(100 * 365 * 86400 * NS)
+    await lc.step()
+    assert await lc.purge() == 0
+    assert [spool.get(m).state for m in mids] == [State.SUCCESS, State.ERROR]
+
+
+# ---- names ------------------------------------------------------------------------------------
+
+async def test_name_clash_in_error_gives_numbered_names(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s", retry_backoff="1h")
+    w = await env.view()
+    first = await upload(spool, q[State.READY], b"f", b"1")
+    await claim(spool, q, w, b"f")
+    await spool.rename(w, b"f", q[State.ERROR], b"f", 0, WHO)  # an explicit, final error
+    expired = []
+    for data in (b"2", b"3"):
+        expired.append(await upload(spool, q[State.READY], b"f", data))
+        await claim(spool, q, w, b"f")
+        clock.advance(10 * NS)
+        await lc.step()
+    assert names(spool, q[State.ERROR]) == {b"f", b"f.~1~", b"f.~2~"}
+    assert spool.get(first).name == b"f"  # never replaced
+    assert [spool.get(m).name for m in expired] == [b"f.~1~", b"f.~2~"]
+
+
+async def test_name_clash_in_ready_on_retry(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s", retry_backoff="1m")
+    w = await env.view()
+    old = await upload(spool, q[State.READY], b"f", b"old")
+    await claim(spool, q, w, b"f")
+    clock.advance(10 * NS)
+    await lc.step()
+    new = await upload(spool, q[State.READY], b"f", b"new")  # the name is free again
+    clock.advance(MIN)
+    await lc.step()
+    assert names(spool, q[State.READY]) == {b"f", b"f.~1~"}
+    assert spool.get(new).name == b"f" and spool.get(old).name == b"f.~1~"
+
+
+async def test_long_name_clash_stays_within_name_max(env: Env) -> None:
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s", retry_backoff="1h")
+    w = await env.view()
+    long = b"n" * 255
+    await upload(spool, q[State.READY], long)
+    await claim(spool, q, w, long)
+    await spool.rename(w, long, q[State.ERROR], long, 0, WHO)
+    mid = await upload(spool, q[State.READY], long)
+    await claim(spool, q, w, long)
+    clock.advance(10 * NS)
+    await lc.step()
+    name = spool.get(mid).name
+    assert len(name) <= 255 and name.endswith(b".~1~") and name != long
+
+
+# ---- two daemons on one store -----------------------------------------------------------------
+
+@pytest.fixture
+async def two(tmp_path: Path) -> AsyncIterator[tuple[list[Spool], list[Lifecycle], Q, Clock]]:
+    """Two daemons (two stores, two spools, two timers) on one store directory, one clock."""
+    clock = Clock()
+    stores = [open_store(str(tmp_path)) for _ in range(2)]
+    spools = [Spool(s, str(tmp_path), clock=clock) for s in stores]
+    async with trio.open_nursery() as n:
+        for sp in spools:
+            await n.start(sp.committer.run)
+        qe = await spools[0].mkdir(1, b"q", 0o755, WHO)
+        await set_policy(spools[0], qe.id, lease_timeout="10s", max_attempts="3")
+        for sp in spools:
+            sp.policies.refresh()
+        yield spools, [Lifecycle(sp) for sp in spools], Q(spools[1], qe.id), clock
+        for sp in spools:
+            sp.committer.close()
+    for s in stores:
+        s.close()
+    assert Fsck(str(tmp_path)).run() == []
+
+
+def record_due(spool: Spool, method: str) -> list[int]:
+    """Count what the timer found due (before its transaction's compare-and-set)."""
+    seen: list[int] = []
+    real = getattr(spool.r, method)
+
+    def spy(*args: Any) -> Any:
+        out = real(*args)
+        seen.append(len(out))
+        return out
+
+    setattr(spool.r, method, spy)
+    return seen
+
+
+async def test_two_daemons_never_move_a_message_twice(two: Any) -> None:
+    spools, lcs, q, clock = two
+    a = spools[0]
+    w = (await a.mkdir(q[State.WORKING], b"w", 0o755, WHO)).id
+    n = 20
+    mids = [await upload(a, q[State.READY], b"m%d" % i) for i in range(n)]
+    for i in range(n):
+        await spools[i % 2].rename(q[State.READY], b"m%d" % i, w, b"m%d" % i, 0, WHO)
+    seen_leases = [record_due(sp, "due_leases") for sp in spools]
+    seen_retries = [record_due(sp, "due_retries") for sp in spools]
+    clock.advance(10 * NS)
+    async with trio.open_nursery() as nursery:  # both timers fire in the same instant
+        for lc in lcs:
+            nursery.start_soon(lc.expire_leases)
+    assert [s[-1] for s in seen_leases] == [n, n]  # both saw every lease due ...
+    assert sum(lc.expired for lc in lcs) == n  # ... and each moved once
+    async with trio.open_nursery() as nursery:
+        for lc in lcs:
+            nursery.start_soon(lc.send_retries)
+    assert [s[-1] for s in seen_retries] == [n, n]
+    assert sum(lc.retried for lc in lcs) == n
+    for mid in mids:
+        e = a.get(mid)
+        assert e.state is State.READY and e.attempts == 1
+        assert actions(a, mid) == ["publish", "claim", "expire", "retry"]
+    assert names(a, q[State.READY]) == {b"m%d" % i for i in range(n)}  # no f.~1~ copies
+
+    # then many rounds of both full timers, claims in between, until all are abandoned
+    for _ in range(3):
+        for i in range(n):
+            name = b"m%d" % i
+            if name in names(a, q[State.READY]):
+                await spools[i % 2].rename(q[State.READY], name, w, name, 0, WHO)
+        clock.advance(10 * NS)
+        async with trio.open_nursery() as nursery:
+            for lc in lcs:
+                nursery.start_soon(lc.step)
+    for mid in mids:
+        e = a.get(mid)
+        assert e.state is State.ERROR and e.abandoned and e.attempts == 3
+        acts = actions(a, mid)
+        assert acts.count("claim") == 3 and acts.count("expire") == 3
+        assert acts.count("retry") == 2
+    assert len(a.listdir(q[State.ERROR])) == n
+
+
+async def test_a_handle_held_in_one_daemon_keeps_the_lease_in_both(two: Any) -> None:
+    spools, lcs, q, clock = two
+    a, b = spools
+    w = (await a.mkdir(q[State.WORKING], b"w", 0o755, WHO)).id
+    mid = await upload(a, q[State.READY], b"f")
+    await b.rename(q[State.READY], b"f", w, b"f", 0, WHO)
+    h = await a.open(mid, False, False, WHO)
+    for _ in range(20):  # each timer ticks well within half a lease
+        clock.advance(3 * NS)
+        for lc in (lcs[1], lcs[0]):
+            await lc.step()
+        assert b.get(mid).state is State.WORKING
+    await a.close(h, WHO)
+    clock.advance(10 * NS)
+    await lcs[1].step()
+    assert b.get(mid).state is State.READY
+    assert actions(b, mid).count("expire") == 1
