@@ -210,9 +210,43 @@ def test_defaults_are_those_of_design() -> None:
     assert p.shown() == {
         "lease_timeout": "10m", "max_attempts": "5", "retry_backoff": "0s",
         "retry_backoff_max": "1h", "retry_errors": "off", "success_retention": "forever",
-        "error_retention": "forever",
+        "error_retention": "forever", "fanout": "none", "duplicates": "allow",
+        "duplicates_window": "7d",
     }
     assert set(p.shown()) == set(KEYS)
+
+
+@pytest.mark.parametrize("text, value, shown", [
+    ("billing,audit", ("billing", "audit"), "billing,audit"),
+    (" a , b ", ("a", "b"), "a,b"),
+    ("none", (), "none"),
+    ("", (), "none"),
+])
+def test_fanout_values(text: str, value: tuple[str, ...], shown: str) -> None:
+    assert P.parse("fanout", text) == value
+    assert P.show("fanout", value) == shown
+
+
+@pytest.mark.parametrize("text", ["a,a", "a,.b", "a b", "x/y"])
+def test_fanout_refusals(text: str) -> None:
+    with pytest.raises(Invalid):
+        P.parse("fanout", text)
+
+
+def test_fanout_cycles_are_refused() -> None:
+    P.check_fanout({"t": ("a", "b"), "a": ("c",), "b": ("c",), "c": ()})  # a diamond is fine
+    P.check_fanout({"t": ("missing",)})  # a subscriber that does not exist yet is no cycle
+    with pytest.raises(Invalid, match="t -> a -> t"):
+        P.check_fanout({"t": ("a",), "a": ("t",)})
+    with pytest.raises(Invalid, match="cycle"):
+        P.check_fanout({"t": ("t",)})
+
+
+@pytest.mark.parametrize("text", ["allow", "reject", "skip", " SKIP "])
+def test_duplicates_values(text: str) -> None:
+    assert P.parse("duplicates", text) == text.strip().lower()
+    with pytest.raises(Invalid):
+        P.parse("duplicates", "drop")
     assert set(KEYS) == set(P.HELP)  # every key is explained to the operator
 
 

@@ -58,7 +58,33 @@ def _not_a_queue(path: str, e: OSError) -> UserError:
     return UserError(f"{path}: {e.strerror}")
 
 
+def _check_fanout_on_mount(path: str, values: dict[str, str]) -> None:
+    """Name a fan-out cycle before the daemon refuses it (it only answers EINVAL): read the
+    ``fanout`` of the queues beside this one on the mount."""
+    if "fanout" not in values:
+        return
+    here = os.path.realpath(path)
+    parent = os.path.dirname(here)
+    graph: dict[str, tuple[str, ...]] = {}
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        try:
+            text = os.getxattr(os.path.join(parent, name), XATTR + ".fanout").decode()
+        except OSError:
+            continue  # not a queue directory
+        graph[name] = P.parse("fanout", text)
+    graph[os.path.basename(here)] = P.parse("fanout", values["fanout"])
+    try:
+        P.check_fanout(graph)
+    except Invalid as e:
+        raise UserError(f"nothing changed: {e}") from None
+
+
 def _set_on_mount(path: str, values: dict[str, str]) -> None:
+    _check_fanout_on_mount(path, values)
     try:
         os.setxattr(path, XATTR, P.format_lines(values).encode())
     except OSError as e:
@@ -90,10 +116,17 @@ def _queue_id(store, name: str) -> int:  # type: ignore[no-untyped-def]
 
 
 def _set_in_store(store_dir: str, name: str, values: dict[str, str]) -> str:
+    from spoolfs.service.policies import check_fanout
+
     store = _open(store_dir)
     try:
         qid = _queue_id(store, name)
-        ok, err = store.run_batch([lambda tx: tx.set_policy(qid, dict(values))], True)[0]
+
+        def fn(tx):  # type: ignore[no-untyped-def]
+            check_fanout(tx, qid, dict(values))
+            tx.set_policy(qid, dict(values))
+
+        ok, err = store.run_batch([fn], True)[0]
         if not ok:
             raise UserError(f"nothing changed: {err}")
         return _shown(store, qid)

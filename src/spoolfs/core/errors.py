@@ -63,6 +63,12 @@ class NotADirectory(SpoolError):
     errno = _errno.ENOTDIR
 
 
+class NoSubscriber(SpoolError):
+    """A queue's ``fanout`` names a queue that does not exist: the publish is refused whole."""
+
+    errno = _errno.ENXIO
+
+
 class NoAttribute(SpoolError):
     errno = _errno.ENODATA
 

@@ -29,6 +29,9 @@ class Policy:
     retry_errors: bool = False
     success_retention: int | None = None
     error_retention: int | None = None
+    fanout: tuple[str, ...] = ()  # subscriber queues: a publish here lands in each of them
+    duplicates: str = "allow"  # allow | reject | skip: a publish of content seen in the window
+    duplicates_window: int = 7 * 86400 * NS
 
     def with_values(self, values: dict[str, str]) -> Policy:
         """A copy with ``values`` (raw text, as stored) applied; refuses any bad one."""
@@ -49,7 +52,13 @@ HELP = {
     "retry_errors": "whether a consumer's own mv to error/ is retried (on/off)",
     "success_retention": "purge success/ messages finished longer ago (duration or forever)",
     "error_retention": "purge error/ messages finished longer ago (duration or forever)",
+    "fanout": "subscriber queues, comma-separated: a publish here lands in each (or none)",
+    "duplicates": "a publish of content already published within the window: allow, "
+                  "reject (EEXIST) or skip (straight to success/)",
+    "duplicates_window": "how far back duplicates are looked for (duration)",
 }
+DUPLICATES = ("allow", "reject", "skip")
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 #: the longest duration a policy may hold: times stay well inside the store's 64-bit integers
@@ -83,7 +92,7 @@ def parse(key: str, text: str) -> Any:
         if v <= 0:
             raise Invalid(f"{key} must be longer than 0")
         return v
-    if key in ("retry_backoff", "retry_backoff_max"):
+    if key in ("retry_backoff", "retry_backoff_max", "duplicates_window"):
         return parse_duration(t)
     if key in ("success_retention", "error_retention"):
         return None if t in FOREVER else parse_duration(t)
@@ -91,6 +100,19 @@ def parse(key: str, text: str) -> Any:
         if not re.fullmatch(r"[0-9]+", t) or int(t) < 1:
             raise Invalid(f"bad max_attempts {text!r}: a whole number, at least 1")
         return int(t)
+    if key == "fanout":
+        names = tuple(n.strip() for n in text.split(",") if n.strip()) \
+            if t not in ("", "none", "off") else ()
+        for n in names:
+            if not _QUEUE_NAME.fullmatch(n) or n.startswith("."):
+                raise Invalid(f"bad fanout queue name {n!r}: 1-64 of [A-Za-z0-9._-]")
+        if len(set(names)) != len(names):
+            raise Invalid(f"fanout names a queue twice: {text!r}")
+        return names
+    if key == "duplicates":
+        if t not in DUPLICATES:
+            raise Invalid(f"bad duplicates {text!r}: {', '.join(DUPLICATES)}")
+        return t
     if key == "retry_errors":
         if t in ("on", "yes", "true", "1"):
             return True
@@ -104,6 +126,10 @@ def show(key: str, value: Any) -> str:
     """The canonical text of a value (what is stored and shown)."""
     if key == "retry_errors":
         return "on" if value else "off"
+    if key == "fanout":
+        return ",".join(value) if value else "none"
+    if key == "duplicates":
+        return str(value)
     if key == "max_attempts":
         return str(value)
     if value is None:
@@ -130,3 +156,23 @@ def format_lines(values: dict[str, str]) -> str:
 def parse_lines(text: str) -> dict[str, str]:
     """The ``user.spool.policy`` xattr: ``key=value`` lines (or words) set together."""
     return parse_assignments(text.replace("\n", " ").split())
+
+
+def check_fanout(graph: dict[str, tuple[str, ...]]) -> None:
+    """Refuse a fan-out graph (queue name -> subscribers) with a cycle: a publish would never
+    end. Subscribers that do not exist (yet) are no cycle."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(q: str, path: list[str]) -> None:
+        if state.get(q) == 1:
+            cycle = path[path.index(q):] + [q]
+            raise Invalid(f"fanout would make a cycle: {' -> '.join(cycle)}")
+        if state.get(q) == 2:
+            return
+        state[q] = 1
+        for sub in graph.get(q, ()):
+            visit(sub, path + [q])
+        state[q] = 2
+
+    for q in graph:
+        visit(q, [])

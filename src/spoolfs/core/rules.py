@@ -74,6 +74,8 @@ class Action(enum.Enum):
     # Moves the daemon makes on its own (DESIGN §4), never the meaning of a user's request:
     EXPIRE = "expire"  # a lease ran out: working/ -> error/
     RETRY = "retry"  # a failed message with attempts left: error/ -> ready/
+    FANOUT = "fanout"  # a publish into a topic: a copy into each subscriber, the original done
+    DUPLICATE = "duplicate"  # content already published within the window: straight to success/
 
 
 _S, _Q, _O = Scope.SAME_DIR, Scope.SAME_QUEUE, Scope.OTHER_QUEUE

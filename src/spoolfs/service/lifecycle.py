@@ -17,9 +17,8 @@ import trio
 
 from spoolfs.core import lifecycle as L
 from spoolfs.core.errors import SpoolError, StoreFailure
-from spoolfs.core.names import NAME_MAX
 from spoolfs.core.rules import Action, State
-from spoolfs.service.spool import Spool, place
+from spoolfs.service.spool import Spool, free_name, place
 from spoolfs.store.base import Entry, WriteTx
 
 log = logging.getLogger(__name__)
@@ -27,19 +26,6 @@ log = logging.getLogger(__name__)
 TICK = 0.5  # seconds between rounds: expiries land within this of their time
 BATCH = 500  # messages moved per transaction; more wait for the next round
 PURGE_EVERY = 5.0  # seconds between retention sweeps
-
-
-def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
-    """``name``, or ``name.~N~`` when it is taken: an automatic move never replaces anything."""
-    if tx.lookup(parent, name) is None:
-        return name
-    n = 1
-    while True:
-        suffix = b".~%d~" % n
-        candidate = name[:NAME_MAX - len(suffix)] + suffix
-        if tx.lookup(parent, candidate) is None:
-            return candidate
-        n += 1
 
 
 class Lifecycle:

@@ -83,3 +83,20 @@ class Policies:
         if key not in P.KEYS:
             raise NoAttribute(f"no policy {name!r}; keys: {', '.join(P.KEYS)}")
         return key
+
+
+def check_fanout(r: ReadTx, queue: int, changes: dict[str, str | None]) -> None:
+    """Refuse a change of ``queue``'s ``fanout`` that would make a cycle, given what every
+    queue of the store has stored (``Invalid``, nothing changed)."""
+    if "fanout" not in changes:
+        return
+    stored = r.policies()
+    stored.setdefault(queue, {})
+    graph: dict[str, tuple[str, ...]] = {}
+    for qid, values in stored.items():
+        e = r.get(qid)
+        if e is None:
+            continue
+        text = changes["fanout"] if qid == queue else values.get("fanout")
+        graph[e.name.decode(errors="replace")] = P.parse("fanout", text) if text else ()
+    P.check_fanout(graph)

@@ -21,14 +21,14 @@ from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core import lifecycle as L
 from spoolfs.core import rules
 from spoolfs.core.errors import (
-    Exists, Invalid, IsADirectory, NoAttribute, NotADirectory, NotEmpty, NotFound, NotPermitted,
-    NotSupported,
+    Exists, Invalid, IsADirectory, NoAttribute, NoSubscriber, NotADirectory, NotEmpty, NotFound,
+    NotPermitted, NotSupported, SpoolError, StoreFailure,
 )
-from spoolfs.core.names import check_ident, check_message_name
+from spoolfs.core.names import NAME_MAX, check_ident, check_message_name, is_staging_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed
-from spoolfs.service.policies import Policies
+from spoolfs.service.policies import Policies, check_fanout
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,19 @@ class Who:
 def place(e: Entry) -> str:
     assert e.state is not None
     return f"{e.state.value}/{e.consumer}" if e.consumer else e.state.value
+
+
+def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
+    """``name``, or ``name.~N~`` when it is taken: an automatic move never replaces anything."""
+    if tx.lookup(parent, name) is None:
+        return name
+    n = 1
+    while True:
+        suffix = b".~%d~" % n
+        candidate = name[:NAME_MAX - len(suffix)] + suffix
+        if tx.lookup(parent, candidate) is None:
+            return candidate
+        n += 1
 
 
 class Spool:
@@ -296,6 +309,69 @@ class Spool:
         if e is not None and e.hidden and not h.done:
             await self._publish_settled(e, who)
 
+    # ---- arrival in ready/: duplicates and fan-out (DESIGN §5) ---------------------------
+
+    #: publishes that make a message arrive in a queue's ready/
+    ARRIVALS = frozenset({Action.PUBLISH, Action.DIRECT_PUBLISH, Action.LINK_PUBLISH,
+                          Action.FORWARD, Action.REDRIVE})
+
+    def _arrive(self, tx: WriteTx, entry_id: int, now: int, who: Who,
+                path: tuple[int, ...] = ()) -> bool:
+        """In the publishing transaction: apply the queue's ``duplicates`` and ``fanout``
+        policies to a message that just entered its ``ready/``. Raises (refusing the whole
+        publish) for a rejected duplicate or a missing subscriber. True when the message left
+        ``ready/`` (a skipped duplicate, or a topic's message handed to its subscribers)."""
+        cur = tx.get(entry_id)
+        if cur is None or cur.queue is None or is_staging_name(cur.name):
+            return False
+        queue = tx.get(cur.queue)
+        assert queue is not None
+        qname = queue.name.decode(errors="replace")
+        policy = self.policies.of(cur.queue)
+        if policy.duplicates != "allow" and cur.blob is not None:
+            orig = tx.published_with(cur.queue, cur.blob, now - policy.duplicates_window, cur.id)
+            if orig is not None:
+                why = f"duplicate of message {orig.id} ({place(orig)}/{orig.name.decode(errors='replace')})"
+                if policy.duplicates == "reject":
+                    raise Exists(f"queue {qname}: {why}")
+                self._to_success(tx, cur, now, who, Action.DUPLICATE, why, duplicate_of=orig.id)
+                return True
+        if not policy.fanout:
+            return False
+        if cur.queue in path:  # refused when the policy is set; never loop regardless
+            raise Invalid(f"queue {qname}: fanout cycle")
+        for sub in policy.fanout:
+            sq = tx.lookup(queue.parent, sub.encode()) if queue.parent is not None else None
+            ready = tx.lookup(sq.id, b"ready") if sq is not None and sq.kind == "queue" else None
+            if ready is None:
+                raise NoSubscriber(f"queue {qname} fans out to {sub!r}, which does not exist")
+            assert cur.blob is not None, "a published message has sealed content"
+            name = free_name(tx, ready.id, cur.name)
+            copy = tx.insert(parent=ready.id, name=name, kind="message", queue=sq.id,  # type: ignore[union-attr]
+                             state=State.READY, blob=cur.blob, size=cur.size, mode=cur.mode,
+                             uid=cur.uid, gid=cur.gid, mtime_ns=cur.mtime_ns, ctime_ns=now,
+                             created_ns=now, enqueued_ns=now)
+            tx.blob_ref(cur.blob, 1)
+            tx.copy_xattrs(cur.id, copy.id)
+            tx.add_history(copy.id, now, Action.FANOUT.value, f"{qname}/ready", "ready",
+                           who.uid, who.pid, f"from message {cur.id} of queue {qname}")
+            self._arrive(tx, copy.id, now, who, path + (cur.queue,))
+        self._to_success(tx, cur, now, who, Action.FANOUT, "to " + ", ".join(policy.fanout))
+        return True
+
+    @staticmethod
+    def _to_success(tx: WriteTx, cur: Entry, now: int, who: Who, action: Action, why: str,
+                    **fields: Any) -> None:
+        assert cur.queue is not None and cur.parent is not None
+        success = tx.lookup(cur.queue, State.SUCCESS.value.encode())
+        assert success is not None
+        name = free_name(tx, success.id, cur.name)
+        tx.move(cur.id, cur.parent, cur.name, success.id, name, state=State.SUCCESS,
+                consumer=None, finished_ns=now, ctime_ns=now, lease_ns=None, retry_ns=None,
+                abandoned=0, **fields)
+        tx.add_history(cur.id, now, action.value, place(cur), State.SUCCESS.value, who.uid,
+                       who.pid, why)
+
     # ---- leases ---------------------------------------------------------------------------
 
     def holds(self, entry_id: int) -> bool:
@@ -341,12 +417,37 @@ class Spool:
         self._settling.setdefault(e.parent, []).append(done)
         try:
             await self._publish_hidden(e, who)
+        except (NotFound, StoreFailure):
+            raise  # gone meanwhile, or the store failed: recovery at mount reconciles it
+        except SpoolError as refused:  # a rejected duplicate, a missing subscriber, ...
+            await self._refused_upload(e, who, refused)
+            raise
         finally:
             done.set()
             waiting = self._settling[e.parent]
             waiting.remove(done)
             if not waiting:
                 del self._settling[e.parent]
+
+    async def _refused_upload(self, e: Entry, who: Who, why: SpoolError) -> None:
+        """An upload into ``ready/`` whose publish was refused at close goes to ``partial/``,
+        visible and complete, to be fixed and published again (never stranded unseen)."""
+        now = self.clock()
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(e.id)
+            if cur is None or not cur.hidden or cur.queue is None or cur.parent is None:
+                return
+            partial = tx.lookup(cur.queue, State.PARTIAL.value.encode())
+            assert partial is not None
+            name = free_name(tx, partial.id, cur.name)
+            tx.move(cur.id, cur.parent, cur.name, partial.id, name, state=State.PARTIAL,
+                    hidden=0, ctime_ns=now)
+            tx.add_history(cur.id, now, "refused", "upload", State.PARTIAL.value, who.uid,
+                           who.pid, f"publish refused: {why}")
+
+        await self.tx(fn)
+        log.warning("upload %r: publish refused at close (%s); moved to partial/", e.name, why)
 
     async def settle(self, parent: int) -> None:
         """Wait until uploads into ``parent`` whose last writer has closed have appeared."""
@@ -365,6 +466,7 @@ class Spool:
             tx.update(e.id, hidden=0, enqueued_ns=now)
             tx.add_history(e.id, now, Action.PUBLISH.value, "upload", place(cur), who.uid,
                            who.pid, None)
+            self._arrive(tx, e.id, now, who)
 
         await self.tx(fn)
         self.content.cleanup([("staging", e.id)])
@@ -404,6 +506,7 @@ class Spool:
         consumer = d.name.decode() if d.kind == "consumer" else None
         policy = self.policies.of(d.queue)
         cleanup: list[tuple[str, object]] = []
+        left: list[bool] = []  # the message went on from ready/ (fan-out, skipped duplicate)
 
         def fn(tx: WriteTx) -> None:
             old = tx.lookup(new_parent, new_name)
@@ -445,10 +548,14 @@ class Spool:
             tx.add_history(src.id, now, action.value, place(src),
                            f"{dst_state.value}/{consumer}" if consumer else dst_state.value,
                            who.uid, who.pid, None)
+            if action in self.ARRIVALS and not defer and self._arrive(tx, src.id, now, who):
+                left.append(True)
 
         await self.tx(fn, durable=action in rules.DURABLE)
         self.content.cleanup(cleanup)
         log.debug("%s %s %r -> %s %r", action.value, src_kind.value, name, dst_kind.value, new_name)
+        if left:
+            self.on_gone(new_parent, new_name)
         return defer
 
     async def unlink(self, parent: int, name: bytes, who: Who) -> None:
@@ -483,6 +590,7 @@ class Spool:
             raise NotPermitted("an upload still open for writing cannot be linked")
         sealed = await self._seal(src) if src.staged else None
         now = self.clock()
+        left: list[bool] = []
 
         def fn(tx: WriteTx) -> Entry:
             cur = tx.get(src.id)
@@ -504,11 +612,16 @@ class Spool:
             tx.copy_xattrs(cur.id, e.id)
             tx.add_history(e.id, now, action.value, None, dst_state.value, who.uid, who.pid,
                            f"linked from message {cur.id}")
+            if action in self.ARRIVALS and self._arrive(tx, e.id, now, who):
+                left.append(True)
+                return tx.get(e.id)
             return e
 
         e = await self.tx(fn, durable=action in rules.DURABLE)
         if sealed is not None:
             self.content.cleanup([("staging", src.id)])
+        if left:
+            self.on_gone(new_parent, new_name)
         return e  # type: ignore[no-any-return]
 
     # ---- attributes -----------------------------------------------------------------------
@@ -570,6 +683,8 @@ class Spool:
             names.append(b"retry_at")
         if e.abandoned:
             names.append(b"abandoned")
+        if e.duplicate_of is not None:
+            names.append(b"duplicate_of")
         return [SPOOL_XATTR + n for n in names] + list(self.r.xattrs(e.id))
 
     def getxattr(self, e: Entry, name: bytes) -> bytes:
@@ -619,6 +734,12 @@ class Spool:
             return t(e.retry_ns)
         if key == b"abandoned":
             return b"1" if e.abandoned else None
+        if key == b"duplicate_of":
+            if e.duplicate_of is None:
+                return None
+            orig = self.r.get(e.duplicate_of)
+            where = f" ({place(orig)}/{orig.name.decode(errors='replace')})" if orig else ""
+            return f"message {e.duplicate_of}{where}".encode()
         return None
 
     def history_text(self, entry_id: int) -> str:
@@ -651,7 +772,12 @@ class Spool:
 
     async def _set_policy(self, e: Entry, name: bytes, value: bytes | None) -> None:
         changes = self.policies.changes(name, value)
-        await self.tx(lambda tx: tx.set_policy(e.id, changes))
+
+        def fn(tx: WriteTx) -> None:
+            check_fanout(tx, e.id, changes)
+            tx.set_policy(e.id, changes)
+
+        await self.tx(fn)
         self.policies.refresh()
         log.info("queue %s: policy %s", e.name.decode(errors="replace"),
                  ", ".join(f"{k}={v if v is not None else '(default)'}" for k, v in changes.items()))

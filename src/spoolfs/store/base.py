@@ -20,6 +20,7 @@ ENTRY_COLUMNS = (
     "id", "parent", "name", "kind", "queue", "state", "hidden", "blob", "staged", "size",
     "mode", "uid", "gid", "mtime_ns", "ctime_ns", "created_ns", "enqueued_ns", "claimed_ns",
     "finished_ns", "attempts", "consumer", "error", "lease_ns", "retry_ns", "abandoned",
+    "duplicate_of",
 )  # fmt: skip
 
 
@@ -50,6 +51,7 @@ class Entry:
     lease_ns: int | None
     retry_ns: int | None
     abandoned: bool
+    duplicate_of: int | None
     refs: int | None = None  # references to its blob: the link count
 
     @classmethod
@@ -113,6 +115,12 @@ class ReadTx(abc.ABC):
                         ) -> list[Entry]:
         """Messages of ``queue`` in ``state`` finished before ``before_ns`` and not waiting
         for a retry, oldest first."""
+
+    @abc.abstractmethod
+    def published_with(self, queue: int, blob_id: int, since_ns: int, besides: int
+                       ) -> Entry | None:
+        """The earliest message of ``queue`` (other than ``besides``) sharing ``blob_id`` that
+        entered ``ready/`` at or after ``since_ns``: the original of a duplicate."""
 
     @abc.abstractmethod
     def policies(self) -> dict[int, dict[str, str]]:

@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS entries (
     lease_ns    INTEGER,                            -- in working/: when the claim's lease runs out
     retry_ns    INTEGER,                            -- in error/: when it goes back to ready/
     abandoned   INTEGER NOT NULL DEFAULT 0,         -- in error/: out of attempts, stays until redriven
+    duplicate_of INTEGER,                           -- skipped as a duplicate of this message
     UNIQUE (parent, name)
 );
 CREATE INDEX IF NOT EXISTS entries_queue_state ON entries(queue, state, enqueued_ns);
@@ -98,5 +99,6 @@ MIGRATIONS = {
         "ALTER TABLE entries ADD COLUMN lease_ns INTEGER",
         "ALTER TABLE entries ADD COLUMN retry_ns INTEGER",
         "ALTER TABLE entries ADD COLUMN abandoned INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE entries ADD COLUMN duplicate_of INTEGER",
     ],
 }

@@ -88,6 +88,14 @@ class SqliteRead(ReadTx):
             "ORDER BY e.finished_ns LIMIT ?", (queue, state.value, before_ns, limit)).fetchall()
         return [Entry.from_row(r) for r in rows]
 
+    def published_with(self, queue: int, blob_id: int, since_ns: int, besides: int
+                       ) -> Entry | None:
+        row = self.conn.execute(
+            f"{_SEL} WHERE e.blob=? AND e.queue=? AND e.id<>? AND e.kind='message' "
+            "AND e.enqueued_ns >= ? ORDER BY e.enqueued_ns LIMIT 1",
+            (blob_id, queue, besides, since_ns)).fetchone()
+        return Entry.from_row(row) if row else None
+
     def policies(self) -> dict[int, dict[str, str]]:
         out: dict[int, dict[str, str]] = {}
         for queue, key, value in self.conn.execute("SELECT queue, key, value FROM policies"):
