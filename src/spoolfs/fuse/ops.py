@@ -120,7 +120,7 @@ class Operations(pyfuse3.Operations):
         a.st_gid = e.gid
         a.st_rdev = 0
         size, mtime_ns = self.spool.size_and_mtime(e)
-        a.st_size = size if e.kind == "message" else 0
+        a.st_size = size if e.kind in ("message", "member") and not stat.S_ISDIR(e.mode) else 0
         a.st_blksize = 4096
         a.st_blocks = (a.st_size + 511) // 512
         a.st_atime_ns = mtime_ns
@@ -135,7 +135,7 @@ class Operations(pyfuse3.Operations):
     def _forget_name(self, parent: int, name: bytes) -> None:
         """Before an entry disappears, keep its attributes for the kernel's remaining uses."""
         e = self.spool.r.lookup(parent, name)
-        if e is not None and e.kind == "message" and self._lookups.get(e.id):
+        if e is not None and e.kind in ("message", "member") and self._lookups.get(e.id):
             attr = self._attr(e)
             attr.st_nlink = 0
             self._gone[e.id] = attr

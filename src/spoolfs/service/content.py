@@ -30,7 +30,7 @@ class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
-                 "lease_checked")
+                 "lease_checked", "lease_id")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -42,6 +42,7 @@ class Handle:
         self.opener = 0  # pid of the process that opened it
         self.done = False  # its upload was published when the opener closed it: no more writes
         self.lease_checked = 0.0  # monotonic time a read last looked at the lease
+        self.lease_id = entry_id  # the message whose lease an open handle holds (a batch's)
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:

@@ -156,9 +156,8 @@ class Lifecycle:
             if (cur is None or cur.state is not state or cur.finished_ns != seen.finished_ns
                     or cur.retry_ns is not None or cur.parent is None):
                 return None
-            tx.delete(cur.id)
             cleanup[cur.id] = []
-            self.spool.content.release(tx, cur, cleanup[cur.id])
+            self.spool.delete_message(tx, cur, cleanup[cur.id])
             tx.drop_history(cur.id)
             return cur.parent, cur.name
 

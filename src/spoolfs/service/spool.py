@@ -26,6 +26,8 @@ from spoolfs.core.errors import (
 )
 from spoolfs.core.names import NAME_MAX, check_ident, check_message_name, is_staging_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
+from spoolfs.service import batches
+from spoolfs.service.batches import MEMBER, is_batch, is_dir
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed
 from spoolfs.service.policies import Policies, check_fanout
@@ -105,7 +107,7 @@ class Spool:
 
     def listdir(self, parent: int) -> list[Entry]:
         d = self.get(parent)
-        if d.kind == "message":
+        if not is_dir(d):
             raise NotADirectory()
         return [e for e in self.r.children(parent) if not e.hidden]
 
@@ -129,13 +131,13 @@ class Spool:
         return self.size_and_mtime(e)[0]
 
     def nlink_of(self, e: Entry) -> int:
-        if e.kind != "message":
+        if e.kind not in ("message", MEMBER) or is_dir(e):
             return 2
         return e.refs or 1
 
     @staticmethod
     def dir_kind(e: Entry) -> DirKind:
-        if e.kind == "message":
+        if e.kind in ("message", MEMBER):
             raise NotADirectory()
         return DirKind(e.kind)
 
@@ -143,8 +145,10 @@ class Spool:
         """The state a message placed in directory ``d`` would have."""
         if d.kind in ("state", "consumer") and d.state is not None:
             return d.state
-        if d.kind == "message":
+        if not is_dir(d):
             raise NotADirectory()
+        if d.kind in ("message", MEMBER):
+            raise NotPermitted("a batch's files are made inside it in partial/, not moved in")
         raise NotPermitted(f"messages live in state directories, not in a {d.kind}")
 
     def kind(self, e: Entry) -> Kind:
@@ -155,6 +159,8 @@ class Spool:
 
     async def mkdir(self, parent: int, name: bytes, mode: int, who: Who) -> Entry:
         p = self.get(parent)
+        if p.kind in ("message", MEMBER) or (p.kind == "state" and p.state is State.PARTIAL):
+            return await self._mkdir_batch(p, name, mode, who)
         new = rules.decide_mkdir(self.dir_kind(p), p.state)
         ident = check_ident(name, new.value)
         now = self.clock()
@@ -179,8 +185,61 @@ class Spool:
 
         return await self.tx(fn)  # type: ignore[no-any-return]
 
+    async def _mkdir_batch(self, p: Entry, name: bytes, mode: int, who: Who) -> Entry:
+        """``mkdir partial/b1`` makes a batch (one message); inside it, a directory member."""
+        check_message_name(name)
+        if p.kind == "state":
+            fields: dict[str, Any] = dict(kind="message", state=State.PARTIAL, queue=p.queue)
+        else:
+            if not is_dir(p):
+                raise NotADirectory()
+            fields = dict(kind=MEMBER, queue=batches.check_mutable(self.r, p).queue)
+        now = self.clock()
+
+        def fn(tx: WriteTx) -> Entry:
+            if tx.lookup(p.id, name) is not None:
+                raise Exists()
+            e = tx.insert(parent=p.id, name=name, mode=stat.S_IFDIR | (mode & 0o7777),
+                          uid=who.uid, gid=who.gid, mtime_ns=now, ctime_ns=now, created_ns=now,
+                          **fields)
+            if e.kind == "message":
+                tx.add_history(e.id, now, Action.UPLOAD.value, None, State.PARTIAL.value,
+                               who.uid, who.pid, "a batch")
+            return e
+
+        return await self.tx(fn, durable=False)  # type: ignore[no-any-return]
+
+    async def _remove_in_batch(self, parent: int, e: Entry, who: Who) -> None:
+        """``rm`` of a batch's file or directory (``rm -r`` takes a batch apart, then removes
+        its root like a message): not while the batch waits in ready/, where a claim must
+        always take all of it."""
+        if e.kind == "message":  # the root, emptied
+            if self.r.has_children(e.id):
+                raise NotEmpty("a batch is removed with its contents: rm -r")
+            return await self.unlink(parent, e.name, who, as_dir=True)
+        root = batches.root_of(self.r, e)
+        if root.state not in batches.REMOVABLE:
+            raise NotPermitted("files of a batch waiting in ready/ cannot be removed")
+        cleanup: list[tuple[str, object]] = []
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(e.id)
+            if cur is None or cur.parent != parent or cur.name != e.name:
+                raise NotFound()
+            if is_dir(cur) and tx.has_children(cur.id):
+                raise NotEmpty()
+            tx.delete(cur.id)
+            self.content.release(tx, cur, cleanup)
+
+        await self.tx(fn, durable=False)
+        self.content.cleanup(cleanup)
+
     async def rmdir(self, parent: int, name: bytes, who: Who) -> None:
         e = self.lookup(parent, name)
+        if e.kind in ("message", MEMBER):
+            if not is_dir(e):
+                raise NotADirectory()
+            return await self._remove_in_batch(parent, e, who)
         rules.decide_rmdir(self.dir_kind(e))
 
         def fn(tx: WriteTx) -> None:
@@ -225,6 +284,8 @@ class Spool:
         """A new upload, opened for writing. In ``ready/`` (not a staging name) it stays
         invisible until its last writer closes, then appears complete."""
         d = self.get(parent)
+        if d.kind in ("message", MEMBER) and is_dir(d):
+            return await self._create_member(d, name, mode, who)
         state = self._message_dir(d)
         check_message_name(name)
         action = rules.decide_create(rules.kind_of(state, name))
@@ -244,23 +305,51 @@ class Spool:
         e = await self.tx(fn, durable=False)
         return e, self._open_handle(e, writable=True, who=who)
 
+    async def _create_member(self, d: Entry, name: bytes, mode: int, who: Who
+                             ) -> tuple[Entry, Handle]:
+        """A file in a batch being built in partial/."""
+        check_message_name(name)
+        root = batches.check_mutable(self.r, d)
+        now = self.clock()
+
+        def fn(tx: WriteTx) -> Entry:
+            if tx.lookup(d.id, name) is not None:
+                raise Exists()
+            e = tx.insert(parent=d.id, name=name, kind=MEMBER, queue=root.queue, staged=1,
+                          mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid, gid=who.gid,
+                          mtime_ns=now, ctime_ns=now, created_ns=now)
+            os.close(os.open(self.content.staging.path(e.id),
+                             os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))
+            return e
+
+        e = await self.tx(fn, durable=False)
+        return e, self._open_handle(e, writable=True, who=who)
+
     def _open_handle(self, e: Entry, writable: bool, who: Who) -> Handle:
         h = self.content.open(self.r, e, writable)
         h.opener = who.pid
-        self._open[e.id] = self._open.get(e.id, 0) + 1
+        if e.kind == MEMBER:
+            h.lease_id = batches.root_of(self.r, e).id
+        self._open[h.lease_id] = self._open.get(h.lease_id, 0) + 1
         if writable:
             self._writers[e.id] = self._writers.get(e.id, 0) + 1
         return h
 
     async def open(self, entry_id: int, writable: bool, truncate: bool, who: Who) -> Handle:
         e = self.get(entry_id)
-        if e.kind != "message":
+        if e.kind not in ("message", MEMBER) or is_dir(e):
             raise IsADirectory()
         if writable or truncate:
-            rules.decide_modify(self.kind(e), e.hidden, e.staged)
+            self._check_modify(e)
         if truncate:
             self.truncate(e, 0)
         return self._open_handle(e, writable, who)
+
+    def _check_modify(self, e: Entry) -> None:
+        if e.kind == MEMBER:
+            batches.check_mutable(self.r, e)
+        else:
+            rules.decide_modify(self.kind(e), e.hidden, e.staged)
 
     def truncate(self, e: Entry, size: int) -> None:
         """Resize an upload's staging file (its size is the file's: no transaction)."""
@@ -292,12 +381,12 @@ class Spool:
         Requests read after this one (the writer's next command) wait in ``settle`` until
         the upload has appeared."""
         h.close()
-        left = self._open.get(h.entry_id, 1) - 1
+        left = self._open.get(h.lease_id, 1) - 1
         if left > 0:
-            self._open[h.entry_id] = left
+            self._open[h.lease_id] = left
         else:
-            self._open.pop(h.entry_id, None)
-            await self._lease_from_now(h.entry_id)
+            self._open.pop(h.lease_id, None)
+            await self._lease_from_now(h.lease_id)
         if not h.writable:
             return
         n = self._writers.get(h.entry_id, 1) - 1
@@ -345,13 +434,16 @@ class Spool:
             ready = tx.lookup(sq.id, b"ready") if sq is not None and sq.kind == "queue" else None
             if ready is None:
                 raise NoSubscriber(f"queue {qname} fans out to {sub!r}, which does not exist")
-            assert cur.blob is not None, "a published message has sealed content"
             name = free_name(tx, ready.id, cur.name)
             copy = tx.insert(parent=ready.id, name=name, kind="message", queue=sq.id,  # type: ignore[union-attr]
                              state=State.READY, blob=cur.blob, size=cur.size, mode=cur.mode,
                              uid=cur.uid, gid=cur.gid, mtime_ns=cur.mtime_ns, ctime_ns=now,
                              created_ns=now, enqueued_ns=now)
-            tx.blob_ref(cur.blob, 1)
+            if is_batch(cur):
+                batches.copy_tree(tx, cur, copy, now)
+            else:
+                assert cur.blob is not None, "a published message has sealed content"
+                tx.blob_ref(cur.blob, 1)
             tx.copy_xattrs(cur.id, copy.id)
             tx.add_history(copy.id, now, Action.FANOUT.value, f"{qname}/ready", "ready",
                            who.uid, who.pid, f"from message {cur.id} of queue {qname}")
@@ -404,7 +496,7 @@ class Spool:
         now = time.monotonic()
         if now - h.lease_checked >= 1.0:
             h.lease_checked = now
-            await self._lease_from_now(h.entry_id, only_if_due=True)
+            await self._lease_from_now(h.lease_id, only_if_due=True)
 
     async def renew_held(self) -> None:
         """Extend the leases of claimed messages held open here, once half is gone."""
@@ -489,6 +581,9 @@ class Spool:
             raise Invalid("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
         check_message_name(new_name)
         src = self.lookup(parent, name)
+        if src.kind == MEMBER:
+            await self._rename_member(src, parent, new_parent, new_name, flags)
+            return False
         if src.kind != "message":
             await self._rename_dir(src, parent, new_parent, new_name, flags)
             return False
@@ -502,6 +597,8 @@ class Spool:
         defer = action is Action.PUBLISH and self._writers.get(src.id, 0) > 0
         sealed = await self._seal(src) if action is Action.PUBLISH and src.staged and not defer \
             else None
+        members = await self._seal_batch(src) if action is Action.PUBLISH and is_batch(src) \
+            else []
         now = self.clock()
         consumer = d.name.decode() if d.kind == "consumer" else None
         policy = self.policies.of(d.queue)
@@ -516,8 +613,7 @@ class Spool:
                 rules.decide_replace(dst_kind, False)
                 if old.kind != "message":
                     raise IsADirectory()
-                tx.delete(old.id)
-                self.content.release(tx, old, cleanup)
+                self.delete_message(tx, old, cleanup)
                 tx.add_history(old.id, now, "replaced", place(old), None, who.uid, who.pid,
                                f"replaced by {src.id}")
             fields: dict[str, Any] = dict(state=dst_state, queue=d.queue, consumer=consumer,
@@ -545,6 +641,12 @@ class Spool:
             if sealed is not None:
                 self.content.attach(tx, src.id, sealed)
                 cleanup.append(("staging", src.id))
+            for member_id, member_sealed in members:
+                m = tx.get(member_id)
+                if m is None or not m.staged:
+                    raise NotFound("a file of the batch changed while it was published")
+                self.content.attach(tx, member_id, member_sealed)
+                cleanup.append(("staging", member_id))
             tx.add_history(src.id, now, action.value, place(src),
                            f"{dst_state.value}/{consumer}" if consumer else dst_state.value,
                            who.uid, who.pid, None)
@@ -558,10 +660,61 @@ class Spool:
             self.on_gone(new_parent, new_name)
         return defer
 
-    async def unlink(self, parent: int, name: bytes, who: Who) -> None:
+    def delete_message(self, tx: WriteTx, e: Entry, cleanup: list[tuple[str, object]]) -> None:
+        """In a transaction: delete a message (a batch with all its files) and drop its hold
+        on content; files go in ``cleanup`` after the commit."""
+        if is_batch(e):
+            batches.delete_tree(tx, e, lambda tx, m: self.content.release(tx, m, cleanup))
+        tx.delete(e.id)
+        self.content.release(tx, e, cleanup)
+
+    async def _seal_batch(self, root: Entry) -> list[tuple[int, Sealed]]:
+        """Publishing a batch seals every file in it; none may still be open for writing."""
+        out = []
+        for m in batches.walk(self.r, root):
+            if m.staged:
+                if self._writers.get(m.id, 0) > 0:
+                    raise NotPermitted(f"{m.name!r} in the batch is still open for writing")
+                out.append((m.id, await self._seal(m)))
+        return out
+
+    async def _rename_member(self, e: Entry, parent: int, new_parent: int, new_name: bytes,
+                             flags: int) -> None:
+        """Inside a batch being built in partial/, files and directories move freely."""
+        root = batches.check_mutable(self.r, e)
+        d = self.get(new_parent)
+        if d.kind not in ("message", MEMBER) or not is_dir(d) or \
+                batches.root_of(self.r, d).id != root.id:
+            raise NotPermitted("a batch's files move only within the batch")
+        if parent == new_parent and e.name == new_name:
+            return
+        cleanup: list[tuple[str, object]] = []
+
+        def fn(tx: WriteTx) -> None:
+            old = tx.lookup(new_parent, new_name)
+            if old is not None:
+                if flags & RENAME_NOREPLACE or is_dir(old) or is_dir(e):
+                    raise Exists("target exists")
+                tx.delete(old.id)
+                self.content.release(tx, old, cleanup)
+            if is_dir(e):  # never into itself
+                up: Entry | None = d
+                while up is not None and up.kind == MEMBER:
+                    if up.id == e.id:
+                        raise Invalid("a directory cannot move into itself")
+                    up = tx.get(up.parent) if up.parent is not None else None
+            if not tx.move(e.id, parent, e.name, new_parent, new_name, ctime_ns=self.clock()):
+                raise NotFound()
+
+        await self.tx(fn, durable=False)
+        self.content.cleanup(cleanup)
+
+    async def unlink(self, parent: int, name: bytes, who: Who, as_dir: bool = False) -> None:
         e = self.lookup(parent, name)
-        if e.kind != "message":
-            raise IsADirectory()
+        if e.kind == MEMBER and not is_dir(e):
+            return await self._remove_in_batch(parent, e, who)
+        if e.kind != "message" or is_dir(e) != as_dir:
+            raise IsADirectory() if not as_dir else NotADirectory()
         action = rules.decide_unlink(self.kind(e))
         now = self.clock()
         cleanup: list[tuple[str, object]] = []
@@ -570,8 +723,7 @@ class Spool:
             cur = tx.get(e.id)
             if cur is None or cur.parent != parent or cur.name != name:
                 raise NotFound()
-            tx.delete(cur.id)
-            self.content.release(tx, cur, cleanup)
+            self.delete_message(tx, cur, cleanup)
             tx.add_history(cur.id, now, action.value, place(cur), None, who.uid, who.pid, None)
 
         await self.tx(fn)
@@ -580,7 +732,7 @@ class Spool:
     async def link(self, entry_id: int, new_parent: int, new_name: bytes, who: Who) -> Entry:
         """A new message sharing the content of ``entry_id`` (sealing it if still staged)."""
         src = self.get(entry_id)
-        if src.kind != "message" or src.hidden:
+        if src.kind != "message" or src.hidden or is_dir(src):
             raise NotPermitted("only messages can be linked")
         check_message_name(new_name)
         d = self.get(new_parent)
@@ -630,12 +782,12 @@ class Spool:
                       uid: int | None = None, gid: int | None = None,
                       mtime_ns: int | None = None, who: Who) -> Entry:
         e = self.get(entry_id)
-        if e.kind == "message" and (size is not None or mode is not None or uid is not None
-                                    or gid is not None):
-            rules.decide_modify(self.kind(e), e.hidden, e.staged)
+        if e.kind in ("message", MEMBER) and (size is not None or mode is not None
+                                              or uid is not None or gid is not None):
+            self._check_modify(e)
         if size is not None:
             self.truncate(e, size)
-        if mtime_ns is not None and e.kind == "message" and e.staged:
+        if mtime_ns is not None and e.kind in ("message", MEMBER) and e.staged:
             self.content.staging.touch(e.id, mtime_ns)
         fields: dict[str, Any] = {}
         if mode is not None:
@@ -658,7 +810,7 @@ class Spool:
                         extra["lease_ns"] = max(until, cur.lease_ns)
                 tx.update(entry_id, **fields, **extra)
 
-            await self.tx(fn, durable=e.kind != "message")
+            await self.tx(fn, durable=e.kind not in ("message", MEMBER))
         return self.get(entry_id)
 
     def xattr_names(self, e: Entry) -> list[bytes]:
