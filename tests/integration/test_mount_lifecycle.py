@@ -555,7 +555,8 @@ def test_retention_purges_finished_messages_and_frees_content(
 
 DEFAULTS = {"lease_timeout": "10m", "max_attempts": "5", "retry_backoff": "0s",
             "retry_backoff_max": "1h", "retry_errors": "off", "success_retention": "forever",
-            "error_retention": "forever"}
+            "error_retention": "forever", "fanout": "none", "duplicates": "allow",
+            "duplicates_window": "7d"}
 
 
 def test_queue_policies(mounter: MountFactory, store: Path, tmp_path: Path) -> None:

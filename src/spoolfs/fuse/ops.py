@@ -85,6 +85,17 @@ class Operations(pyfuse3.Operations):
         self._lookups: dict[int, int] = {}
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
         spool.on_gone = self._drop_name
+        spool.on_stale = self._drop_attributes
+
+    def _drop_attributes(self, ids: list[int]) -> None:
+        """Another message's link count changed: the kernel must ask again. (Attributes only:
+        it takes no lock a pending request could hold.)"""
+        for sid in ids:
+            if sid in self._lookups:  # the kernel knows it
+                try:
+                    pyfuse3.invalidate_inode(self._ino(sid), attr_only=True)
+                except OSError:
+                    pass  # forgotten meanwhile
 
     def _drop_name(self, parent: int, name: bytes) -> None:
         """The lifecycle moved or purged ``parent/name``: the kernel must not keep the name."""

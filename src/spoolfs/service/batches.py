@@ -80,5 +80,5 @@ def delete_tree(tx: WriteTx, root: Entry, release) -> None:  # type: ignore[no-u
     content. The caller deletes the root."""
     members = list(walk(tx, root))
     for m in reversed(members):
+        tx.delete(m.id)  # the row first: the last reference may delete its blob row
         release(tx, m)
-        tx.delete(m.id)

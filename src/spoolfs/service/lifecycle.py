@@ -71,6 +71,9 @@ class Lifecycle:
             except SpoolError as e:
                 log.warning("%s of message %d %r failed: %s", what, seen.id, seen.name, e)
                 return
+            except Exception:  # a bug for this message only: the others still move
+                log.exception("%s of message %d %r failed", what, seen.id, seen.name)
+                return
             if moved is not None:
                 gone.append(moved)
                 done.append(seen.id)

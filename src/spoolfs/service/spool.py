@@ -84,6 +84,9 @@ class Spool:
         #: called with (parent, name) when the lifecycle moves or purges a message, so that the
         #: kernel drops a name it may have cached
         self.on_gone: Callable[[int, bytes], None] = lambda parent, name: None
+        #: called with entry ids whose attributes changed without a request naming them (the
+        #: link count of every message sharing content that was linked or released)
+        self.on_stale: Callable[[list[int]], None] = lambda ids: None
         self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
 
     async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
@@ -658,14 +661,22 @@ class Spool:
         log.debug("%s %s %r -> %s %r", action.value, src_kind.value, name, dst_kind.value, new_name)
         if left:
             self.on_gone(new_parent, new_name)
+            self._link_counts_changed(self.get(src.id).blob)
         return defer
+
+    #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT
+    STALE_MAX = 1000
+
+    def _link_counts_changed(self, blob_id: int | None) -> None:
+        if blob_id is not None:
+            self.on_stale(self.r.sharing(blob_id, self.STALE_MAX))
 
     def delete_message(self, tx: WriteTx, e: Entry, cleanup: list[tuple[str, object]]) -> None:
         """In a transaction: delete a message (a batch with all its files) and drop its hold
         on content; files go in ``cleanup`` after the commit."""
         if is_batch(e):
             batches.delete_tree(tx, e, lambda tx, m: self.content.release(tx, m, cleanup))
-        tx.delete(e.id)
+        tx.delete(e.id)  # the row first: the last reference may delete its blob row
         self.content.release(tx, e, cleanup)
 
     async def _seal_batch(self, root: Entry) -> list[tuple[int, Sealed]]:
@@ -728,6 +739,7 @@ class Spool:
 
         await self.tx(fn)
         self.content.cleanup(cleanup)
+        self._link_counts_changed(e.blob)
 
     async def link(self, entry_id: int, new_parent: int, new_name: bytes, who: Who) -> Entry:
         """A new message sharing the content of ``entry_id`` (sealing it if still staged)."""
@@ -774,6 +786,7 @@ class Spool:
             self.content.cleanup([("staging", src.id)])
         if left:
             self.on_gone(new_parent, new_name)
+        self._link_counts_changed(e.blob)
         return e  # type: ignore[no-any-return]
 
     # ---- attributes -----------------------------------------------------------------------

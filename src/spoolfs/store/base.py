@@ -123,6 +123,10 @@ class ReadTx(abc.ABC):
         entered ``ready/`` at or after ``since_ns``: the original of a duplicate."""
 
     @abc.abstractmethod
+    def sharing(self, blob_id: int, limit: int) -> list[int]:
+        """Ids of entries referencing ``blob_id`` (at most ``limit``)."""
+
+    @abc.abstractmethod
     def policies(self) -> dict[int, dict[str, str]]:
         """Stored policy values of every queue: queue id -> key -> canonical text."""
 

@@ -96,6 +96,10 @@ class SqliteRead(ReadTx):
             (blob_id, queue, besides, since_ns)).fetchone()
         return Entry.from_row(row) if row else None
 
+    def sharing(self, blob_id: int, limit: int) -> list[int]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT id FROM entries WHERE blob=? LIMIT ?", (blob_id, limit))]
+
     def policies(self) -> dict[int, dict[str, str]]:
         out: dict[int, dict[str, str]] = {}
         for queue, key, value in self.conn.execute("SELECT queue, key, value FROM policies"):
