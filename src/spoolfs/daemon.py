@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ import trio
 from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.fuse.ops import Operations
 from spoolfs.runtime import pidfile
+from spoolfs.service import gc
 from spoolfs.service.lifecycle import Lifecycle
 from spoolfs.service.recovery import recover
 from spoolfs.service.spool import Spool, Who
@@ -93,7 +95,8 @@ async def _main(spool: Spool, on_ready: Callable[[], None]) -> None:
         timers = trio.CancelScope()
         signals = trio.CancelScope()
         nursery.start_soon(_signals, signals)
-        nursery.start_soon(_run_in, timers, lifecycle.run)
+        nursery.start_soon(_run_in, timers, lifecycle.run,
+                           functools.partial(gc.periodic, spool.store_dir))
         on_ready()
         try:
             await pyfuse3.main()
@@ -106,9 +109,12 @@ async def _main(spool: Spool, on_ready: Callable[[], None]) -> None:
              lifecycle.expired, lifecycle.retried, lifecycle.purged)
 
 
-async def _run_in(scope: trio.CancelScope, fn: Callable[[], Awaitable[None]]) -> None:
+async def _run_in(scope: trio.CancelScope, *fns: Callable[[], Awaitable[None]]) -> None:
+    """Run the background tasks until ``scope`` is cancelled (at unmount)."""
     with scope:
-        await fn()
+        async with trio.open_nursery() as n:
+            for fn in fns:
+                n.start_soon(fn)
 
 
 async def _signals(scope: trio.CancelScope) -> None:

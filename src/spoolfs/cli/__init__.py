@@ -10,6 +10,7 @@ from spoolfs.core.errors import UserError
 SUBCOMMANDS = {
     "umount": "spoolfs.cli.umount",
     "fsck": "spoolfs.cli.fsck",
+    "gc": "spoolfs.cli.gc",
     "bench": "spoolfs.cli.bench",
     "queue": "spoolfs.cli.queue",
     "history": "spoolfs.cli.history",

@@ -1,24 +1,93 @@
-"""``spoolfs fsck STORE``: check refcounts, hashes, orphans and schema; exit 1 if anything is
-wrong."""
+"""``spoolfs fsck STORE [--repair] [--grace SECONDS]``: check refcounts, hashes, orphans and
+schema; with ``--repair``, fix what can be fixed. Safe while the store is mounted.
+
+Prints a progress line per 10,000 objects checked (entries, blobs, blob files, staging files),
+one line per problem, a summary, then ``fsck: clean`` (exit 0) or ``fsck: N problem(s)`` (exit 1).
+With ``--repair``: one ``repaired: ...`` line per fix, a second check (file sizes, not hashes)
+and ``fsck: N problem(s) repaired (M fix(es)), clean`` (exit 0), or what is left (exit 1).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sqlite3
 
 from spoolfs.core.errors import UserError
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("the grace period cannot be negative")
+    return v
+
+
 def run(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="spoolfs fsck")
-    p.add_argument("store")
-    args = p.parse_args(argv)
+    from spoolfs.service import gc
     from spoolfs.service.fsck import Fsck
 
-    import os
-    if not os.path.exists(os.path.join(args.store, "meta.db")):
+    p = argparse.ArgumentParser(
+        prog="spoolfs fsck",
+        description="Check refcounts, hashes, orphans and schema; with --repair, fix what can "
+                    "be fixed (messages whose content is gone go to error/ with the reason). "
+                    "Safe while the store is mounted.")
+    p.add_argument("store")
+    p.add_argument("--repair", action="store_true",
+                   help="fix refcounts, orphans and lost content (messages whose content is "
+                        "gone go to error/ with the reason)")
+    p.add_argument("--grace", type=_seconds, metavar="SECONDS", default=None,
+                   help="orphan files younger than this are left alone (default with --repair: "
+                        f"{gc.GRACE_NS // gc.NS})")
+    args = p.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.store, "meta.db")):
         raise UserError(f"{args.store} is not a spoolfs store (no meta.db)")
-    problems = Fsck(args.store, progress=print).run()
-    for line in problems:
+    grace_ns = None if args.grace is None else int(args.grace * gc.NS)
+    if args.repair and grace_ns is None:
+        grace_ns = gc.GRACE_NS
+
+    try:
+        fsck = Fsck(args.store, progress=lambda s: print(s, flush=True), grace_ns=grace_ns)
+        try:
+            problems = fsck.check()
+            for line in problems:
+                print(line)
+            for line in fsck.notes:
+                print(f"note: {line}")
+            print(fsck.summary())
+            if not problems:
+                print("fsck: clean")
+                return 0
+            if not args.repair:
+                print(f"fsck: {len(problems)} problem(s)")
+                return 1
+            print(f"fsck: {len(problems)} problem(s); repairing")
+            noted = len(fsck.notes)
+            fixes = fsck.repair()
+            for line in fixes:
+                print(f"repaired: {line}")
+            for line in fsck.notes[noted:]:
+                print(f"note: {line}")
+        finally:
+            fsck.close()
+        # check again; the content hashes were checked already
+        again = Fsck(args.store, progress=lambda s: print(s, flush=True), grace_ns=grace_ns,
+                     hash_files=False)
+        try:
+            left = again.check()
+        finally:
+            again.close()
+    except (sqlite3.Error, OSError) as e:
+        raise UserError(f"fsck of {args.store} failed: {e}") from None
+    for line in left:
         print(line)
-    print(f"fsck: {len(problems)} problem(s)" if problems else "fsck: clean")
-    return 1 if problems else 0
+    for line in again.notes:
+        print(f"note: {line}")
+    if left:
+        print(f"fsck: {len(left)} problem(s) left after repair")
+        return 1
+    print(f"fsck: {len(problems)} problem(s) repaired ({len(fixes)} fix(es)), clean")
+    return 0

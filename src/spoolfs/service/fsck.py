@@ -1,44 +1,157 @@
-"""Consistency checks of a store, one small ``check_*`` method per kind of damage. Reports; the
-repairs come with the garbage-collection work."""
+"""Consistency checks of a store, one small ``check_*`` method per kind of damage, and their
+repair.
+
+The checks read the store through a connection of their own and change nothing; they may run
+while daemons have the store mounted. Each problem is one line in ``problems``; what can be
+repaired is also remembered as a candidate for ``repair``.
+
+``repair`` fixes, one write transaction per kind (``BEGIN IMMEDIATE`` on its own connection, so
+it is safe while daemons serve the store), each candidate checked again under the lock:
+
+1. **lost content**: a blob whose file is missing, of the wrong size or not matching its
+   SHA-256, inline content not matching its hash, a blob row that messages reference but that is
+   gone, a message (or a file in a batch) with neither content nor an upload. A missing row is
+   first rebuilt from a blob file that still holds its content (``<sha256>.<id>``, hash
+   checked), or the messages are pointed at another blob with the same hash. Otherwise every
+   message referencing the content moves to its queue's ``error/`` (``name.~N~`` when the name
+   is taken; a batch moves as a whole when one of its files lost its content) with
+   ``user.spool.error`` = ``content lost: <what>``, ``consumer``, lease and retry cleared, a
+   ``repair`` history row, and the **empty inline blob** as its content (size 0): the tree stays
+   consistent (every file has exactly one of blob or upload), the message can be read,
+   inspected, redriven and deleted like any other, and its error says why it is empty. Nothing
+   vanishes. The damaged blob row is deleted; what was left of its content is kept in
+   ``STORE/lost+found/<sha256>.<id>`` for a human to look at.
+2. **refcounts**: recomputed from the messages that reference each blob.
+3. **unreferenced blob rows**: deleted, then their files.
+4. **orphan blob files** and 5. **orphan staging files**: removed once older than the grace
+   period (a file is placed just before the transaction that names it commits).
+
+Schema damage, a missing parent, a file with both a blob and an upload, and a directory with
+content are reported but not repaired (``fsck --repair`` then exits 1).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections import Counter
+import stat
+import time
 from collections.abc import Callable
 
 from spoolfs.blobs import BlobDir, StagingDir
+from spoolfs.core.names import NAME_MAX
+from spoolfs.service import gc
 from spoolfs.store import schema
-from spoolfs.store.sqlite import SqliteStore
 
 PROGRESS_EVERY = 10_000
+#: rows that hold content: messages, and the files of a batch (its members)
+CONTENT_KINDS = ("message", "member")
+EMPTY_SHA256 = hashlib.sha256(b"").digest()
+LOST_AND_FOUND = "lost+found"
+
+
+def _hash_path(path: str) -> tuple[bytes, int] | None:
+    """SHA-256 and size of a file, or None if it is gone."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+    except FileNotFoundError:
+        return None
+    return h.digest(), size
+
+
+def _show(name: bytes) -> str:
+    return repr(name)[1:]
 
 
 class Fsck:
-    def __init__(self, store_dir: str, progress: Callable[[str], None] = lambda s: None) -> None:
+    """``Fsck(STORE).run()`` checks and returns the problems (one line each). To repair:
+    ``check()``, then ``repair()`` (the fixes, one line each), then ``close()``.
+
+    ``grace_ns``: when given (repair mode), orphan files younger than this are not problems but
+    ``notes``: they may belong to a transaction about to commit."""
+
+    def __init__(self, store_dir: str, progress: Callable[[str], None] = lambda s: None,
+                 grace_ns: int | None = None, now_ns: int | None = None,
+                 hash_files: bool = True) -> None:
         self.store_dir = store_dir
-        self.store = SqliteStore(os.path.join(store_dir, "meta.db"))
-        self.r = self.store.reader()
+        self.conn = gc.connect(store_dir)
         self.blobs = BlobDir(os.path.join(store_dir, "blobs"))
         self.staging = StagingDir(os.path.join(store_dir, "staging"))
         self.progress = progress
+        self.grace_ns = grace_ns
+        self.now_ns = time.time_ns() if now_ns is None else now_ns
+        self.hash_files = hash_files  # False: blob files are checked by size only
         self.problems: list[str] = []
+        self.notes: list[str] = []
+        self.counts = {"entries": 0, "blobs": 0, "blob files": 0, "staging files": 0}
+        self._checked = 0
+        # what the checks saw, and the candidates for repair
+        self._refs: dict[int, int] = {}  # blob id -> messages referencing it
+        self._staged: set[int] = set()
+        self._files: dict[int, tuple[str, bytes]] = {}  # blob id -> (path, sha) of a blob file
+        self.lost: dict[int, str] = {}  # blob id -> what is wrong with its content
+        self.missing_rows: set[int] = set()  # blob ids referenced but without a row
+        self.no_content: set[int] = set()  # messages with neither a blob nor an upload
+        self.bad_refcounts: set[int] = set()
+        self.unreferenced: set[int] = set()
+        self.orphan_files: list[tuple[str, bytes, int]] = []
+        self.orphan_staging: list[int] = []
+        self._moved: set[int] = set()  # messages moved to error/ by this repair
+
+    # ---- running ----------------------------------------------------------------------------
 
     def run(self) -> list[str]:
         try:
-            for check in (self.check_schema, self.check_tree, self.check_refcounts,
-                          self.check_blob_files, self.check_staging):
-                check()
+            return self.check()
         finally:
-            self.store.close()
+            self.close()
+
+    def check(self) -> list[str]:
+        self.check_schema()
+        with gc.read_tx(self.conn):  # messages and blob rows from one snapshot
+            self.check_tree()
+            self.check_refcounts()
+        self.check_blob_files()
+        self.check_staging()
         return self.problems
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def summary(self) -> str:
+        return "fsck: checked " + ", ".join(f"{n} {k}" for k, n in self.counts.items())
 
     def _bad(self, msg: str) -> None:
         self.problems.append(msg)
 
+    def _tick(self, kind: str) -> None:
+        self.counts[kind] += 1
+        self._checked += 1
+        if self._checked % PROGRESS_EVERY == 0:
+            self.progress(f"fsck: {self._checked} objects checked")
+
+    def _young(self, path: str) -> bool:
+        """An orphan file that repair would leave alone (grace period, repair mode only)."""
+        if self.grace_ns is None:
+            return False
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return True  # gone meanwhile: nothing to report
+        if self.now_ns - max(st.st_ctime_ns, st.st_mtime_ns) < self.grace_ns:
+            self.notes.append(f"orphan file {path} is younger than the grace period: left")
+            return True
+        return False
+
+    # ---- checks -----------------------------------------------------------------------------
+
     def check_schema(self) -> None:
-        c = self.store._rconn
+        c = self.conn
         if c.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
             self._bad("database integrity check failed")
         for row in c.execute("PRAGMA foreign_key_check"):
@@ -48,50 +161,332 @@ class Fsck:
             self._bad(f"schema version {v and v[0]} != {schema.VERSION}")
 
     def check_tree(self) -> None:
-        ids = {e.id: e for e in self.r.all_entries()}
-        for e in ids.values():
-            if e.id != 1 and (e.parent is None or e.parent not in ids):
-                self._bad(f"entry {e.id} {e.name!r}: parent {e.parent} missing")
-            if e.kind == "message" and (e.blob is None) == (not e.staged):
-                self._bad(f"message {e.id} {e.name!r}: needs exactly one of blob / staging")
+        rows = self.conn.execute(
+            "SELECT e.id, e.parent, e.name, e.kind, e.mode, e.blob, e.staged, p.id "
+            "FROM entries e LEFT JOIN entries p ON p.id = e.parent ORDER BY e.id")
+        for eid, parent, name, kind, mode, blob, staged, pid in rows:
+            self._tick("entries")
+            name = bytes(name)
+            if eid != 1 and pid is None:
+                self._bad(f"entry {eid} {name!r}: parent {parent} missing")
+            if staged:
+                self._staged.add(eid)
+            if blob is not None:
+                self._refs[blob] = self._refs.get(blob, 0) + 1
+            if kind not in CONTENT_KINDS:
+                continue
+            if stat.S_ISDIR(mode):  # a batch, or a directory in one: no content of its own
+                if blob is not None or staged:
+                    self._bad(f"{kind} {eid} {name!r}: a directory with content")
+            elif (blob is None) == (not staged):
+                self._bad(f"{kind} {eid} {name!r}: needs exactly one of blob / staging")
+                if blob is None:
+                    self.no_content.add(eid)
 
     def check_refcounts(self) -> None:
-        refs = Counter(e.blob for e in self.r.all_entries() if e.blob is not None)
-        blobs = {b.id: b for b in self.r.all_blobs()}
-        for bid, n in refs.items():
-            if bid not in blobs:
+        seen = set()
+        for bid, refcount in self.conn.execute("SELECT id, refcount FROM blobs ORDER BY id"):
+            self._tick("blobs")
+            seen.add(bid)
+            n = self._refs.get(bid, 0)
+            if refcount != n:
+                self._bad(f"blob {bid}: refcount {refcount}, referenced {n}")
+                self.bad_refcounts.add(bid)
+            if n == 0:
+                self._bad(f"blob {bid}: no message references it")
+                self.unreferenced.add(bid)
+        for bid, n in sorted(self._refs.items()):
+            if bid not in seen:
                 self._bad(f"blob {bid} referenced by {n} message(s) is missing")
-        for b in blobs.values():
-            if b.refcount != refs.get(b.id, 0):
-                self._bad(f"blob {b.id}: refcount {b.refcount}, referenced {refs.get(b.id, 0)}")
+                self.missing_rows.add(bid)
 
     def check_blob_files(self) -> None:
-        blobs = {b.id: b for b in self.r.all_blobs()}
-        on_disk = {}
-        for i, (path, sha, bid) in enumerate(self.blobs.walk(), 1):
-            on_disk[bid] = path
-            if i % PROGRESS_EVERY == 0:
-                self.progress(f"fsck: {i} blob files checked")
-            b = blobs.get(bid)
-            if b is None or b.sha256 != sha or b.data is not None:
-                self._bad(f"orphan blob file {path}")
+        rows = {bid: (bytes(sha), size) for bid, sha, size in self.conn.execute(
+            "SELECT id, sha256, size FROM blobs WHERE data IS NULL")}
+        for path, sha, bid in self.blobs.walk():
+            self._tick("blob files")
+            row = rows.get(bid)
+            if row is None or row[0] != sha:
+                if bid >= 0 and sha:
+                    self._files[bid] = (path, sha)
+                if not self._young(path):
+                    self._bad(f"orphan blob file {path}")
+                    self.orphan_files.append((path, sha, bid))
                 continue
-            h = hashlib.sha256()
-            size = 0
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-                    size += len(chunk)
-            if h.digest() != b.sha256 or size != b.size:
-                self._bad(f"blob {bid}: content does not match its hash ({path})")
-        for b in blobs.values():
-            if b.data is None and b.id not in on_disk:
-                self._bad(f"blob {b.id}: file missing")
-            if b.data is not None and hashlib.sha256(b.data).digest() != b.sha256:
-                self._bad(f"blob {b.id}: inline content does not match its hash")
+            del rows[bid]
+            problem = self._file_problem(path, row[0], row[1], self.hash_files)
+            if problem is not None:
+                self._bad(f"blob {bid}: {problem} ({path})")
+                self.lost[bid] = problem
+        for bid in sorted(rows):  # file-backed rows whose file was not found
+            self._bad(f"blob {bid}: file missing")
+            self.lost[bid] = "file missing"
+        for bid, sha, data in self.conn.execute(
+                "SELECT id, sha256, data FROM blobs WHERE data IS NOT NULL ORDER BY id"):
+            if hashlib.sha256(data).digest() != bytes(sha):
+                self._bad(f"blob {bid}: inline content does not match its hash")
+                self.lost[bid] = "inline content does not match its hash"
 
     def check_staging(self) -> None:
-        staged = {e.id for e in self.r.all_entries() if e.staged}
         for sid in self.staging.ids():
-            if sid not in staged:
-                self._bad(f"orphan staging file {self.staging.path(sid)}")
+            self._tick("staging files")
+            if sid not in self._staged:
+                path = self.staging.path(sid)
+                if not self._young(path):
+                    self._bad(f"orphan staging file {path}")
+                    self.orphan_staging.append(sid)
+
+    def _file_problem(self, path: str, sha: bytes, size: int, hash_it: bool = True) -> str | None:
+        """What is wrong with the file of a blob, or None."""
+        if not hash_it:
+            try:
+                got = os.stat(path).st_size
+            except FileNotFoundError:
+                return "file missing"
+            return None if got == size else f"file has {got} bytes, not {size}"
+        res = _hash_path(path)
+        if res is None:
+            return "file missing"
+        digest, got = res
+        if got != size:
+            return f"file has {got} bytes, not {size}"
+        if digest != sha:
+            return "content does not match its hash"
+        return None
+
+    # ---- repair -----------------------------------------------------------------------------
+
+    def repair(self) -> list[str]:
+        """Fix what ``check`` found; one line per fix."""
+        grace = gc.GRACE_NS if self.grace_ns is None else self.grace_ns
+        fixes: list[str] = []
+        fixes += self._repair_content()
+        fixes += self._repair_refcounts()
+        report = gc.Report()
+        gc.sweep_blob_rows(self.conn, self.blobs, self.unreferenced, report)
+        gc.sweep_blob_files(self.conn, self.orphan_files, grace, self.now_ns, report)
+        gc.sweep_staging(self.conn, self.staging, self.orphan_staging, grace, self.now_ns,
+                         report)
+        fixes += report.lines
+        if report.young:
+            self.notes.append(f"{report.young} orphan file(s) became younger than the grace "
+                              "period meanwhile: left")
+        return fixes
+
+    def _repair_content(self) -> list[str]:
+        if not (self.lost or self.missing_rows or self.no_content):
+            return []
+        c = self.conn
+        now = time.time_ns()
+        fixes: list[str] = []
+        keep: list[tuple[str, bytes | None, str]] = []  # (what to keep, inline data, name)
+        empty: list[int] = []
+
+        def empty_blob() -> int:
+            if not empty:
+                row = c.execute("SELECT id, data FROM blobs WHERE sha256=?",
+                                (EMPTY_SHA256,)).fetchone()
+                if row is None:
+                    bid = c.execute("INSERT INTO blobs (sha256, size, refcount, data) "
+                                    "VALUES (?, 0, 0, X'')", (EMPTY_SHA256,)).lastrowid
+                else:
+                    bid = row[0]
+                    if row[1] is None or bytes(row[1]) != b"":
+                        c.execute("UPDATE blobs SET data=X'', size=0 WHERE id=?", (bid,))
+                empty.append(int(bid))  # type: ignore[arg-type]
+            return empty[0]
+
+        with gc.write_tx(c):
+            for bid in sorted(self.lost):
+                row = c.execute("SELECT sha256, size, data FROM blobs WHERE id=?",
+                                (bid,)).fetchone()
+                if row is None:
+                    continue  # gone meanwhile (its last reference went)
+                sha, size, data = bytes(row[0]), row[1], row[2]
+                path = self.blobs.path(sha, bid)
+                if sha == EMPTY_SHA256:  # the empty content: known without a copy
+                    c.execute("UPDATE blobs SET data=X'', size=0 WHERE id=?", (bid,))
+                    fixes.append(f"blob {bid}: the empty content restored")
+                    continue
+                if data is None:
+                    problem = self._file_problem(path, sha, size)
+                elif hashlib.sha256(data).digest() != sha:
+                    problem = "inline content does not match its hash"
+                else:
+                    problem = None
+                if problem is None:
+                    continue
+                what = f"blob {bid} (sha256 {sha.hex()[:16]}..., {size} bytes): {problem}"
+                fixes += self._lose("m.blob = ?", (bid,), what, empty_blob, now)
+                c.execute("DELETE FROM blobs WHERE id=?", (bid,))
+                fixes.append(f"deleted damaged blob {bid}")
+                if data is not None:
+                    keep.append(("", bytes(data), f"{sha.hex()}.{bid}"))
+                elif os.path.exists(path):
+                    keep.append((path, None, f"{sha.hex()}.{bid}"))
+
+            for bid in sorted(self.missing_rows):
+                if c.execute("SELECT 1 FROM blobs WHERE id=?", (bid,)).fetchone():
+                    continue
+                n = c.execute("SELECT COUNT(*) FROM entries WHERE blob=?", (bid,)).fetchone()[0]
+                if n == 0:
+                    continue
+                fix = self._rebuild_row(bid, n)
+                if fix is not None:
+                    fixes.append(fix)
+                    continue
+                what = f"blob {bid} is missing from the store"
+                fixes += self._lose("m.blob = ?", (bid,), what, empty_blob, now)
+
+            for eid in sorted(self.no_content):
+                fixes += self._lose("m.id = ? AND m.blob IS NULL AND m.staged = 0", (eid,),
+                                    "it had neither a blob nor an upload", empty_blob, now)
+        for path, data, name in keep:  # after the commit: the row is gone, its id never reused
+            fixes.append(self._keep(path, data, name))
+        return fixes
+
+    def _rebuild_row(self, bid: int, refs: int) -> str | None:
+        """A blob row that messages reference is gone: rebuild it from its file, if that file
+        is intact, or point the messages at a blob of the same content."""
+        found = self._files.get(bid)
+        if found is None:
+            return None
+        path, sha = found
+        res = _hash_path(path)
+        if res is None or res[0] != sha:
+            return None
+        size = res[1]
+        c = self.conn
+        other = c.execute("SELECT id FROM blobs WHERE sha256=?", (sha,)).fetchone()
+        if other is not None:
+            c.execute("UPDATE entries SET blob=? WHERE blob=?", (other[0], bid))
+            c.execute("UPDATE blobs SET refcount=refcount+? WHERE id=?", (refs, other[0]))
+            return (f"blob {bid} was missing: its {refs} message(s) now share blob {other[0]}, "
+                    "which holds the same content")
+        c.execute("INSERT INTO blobs (id, sha256, size, refcount, data) VALUES (?, ?, ?, ?, NULL)",
+                  (bid, sha, size, refs))
+        return f"blob {bid} was missing: rebuilt from its file {path} ({refs} message(s))"
+
+    def _lose(self, where: str, args: tuple[object, ...], what: str,
+              empty_blob: Callable[[], int], now: int) -> list[str]:
+        """Inside the write transaction: every row matching ``where`` lost its content. It gets
+        the empty blob, and its message (a batch, for a file in one) goes to its queue's
+        ``error/`` with the reason."""
+        c = self.conn
+        rows = c.execute(
+            "SELECT m.id, m.kind, m.name FROM entries m WHERE m.kind IN ('message', 'member') "
+            f"AND {where} ORDER BY m.id", args).fetchall()
+        fixes = []
+        for eid, kind, name in rows:
+            bid = empty_blob()
+            c.execute("UPDATE entries SET blob=?, staged=0, size=0 WHERE id=?", (bid, eid))
+            c.execute("UPDATE blobs SET refcount=refcount+1 WHERE id=?", (bid,))
+            if kind == "message":
+                fixes.append(self._to_error(eid, f"content lost: {what}", now))
+                continue
+            root, path = self._batch_of(eid)
+            if root is None:
+                fixes.append(f"file {eid} {_show(bytes(name))} of a batch that is gone: "
+                             f"content lost: {what}; it is empty now")
+                continue
+            fixes.append(self._to_error(root, f"content lost: {_show(path)} in the batch: {what}",
+                                        now))
+        return fixes
+
+    def _batch_of(self, member: int) -> tuple[int | None, bytes]:
+        """The batch root a member belongs to, and the member's path inside it."""
+        parts = []
+        eid: int | None = member
+        while eid is not None:
+            row = self.conn.execute("SELECT kind, parent, name FROM entries WHERE id=?",
+                                    (eid,)).fetchone()
+            if row is None:
+                return None, b"/".join(reversed(parts))
+            if row[0] == "message":
+                return eid, b"/".join(reversed(parts))
+            if row[0] != "member":
+                return None, b"/".join(reversed(parts))
+            parts.append(bytes(row[2]))
+            eid = row[1]
+        return None, b"/".join(reversed(parts))
+
+    def _to_error(self, eid: int, reason: str, now: int) -> str:
+        """Move message ``eid`` to its queue's ``error/`` (a free name there; nothing is
+        replaced) with ``reason``; a second loss in the same repair adds to the reason."""
+        c = self.conn
+        parent, name, queue, state, consumer, error = c.execute(
+            "SELECT parent, name, queue, state, consumer, error FROM entries WHERE id=?",
+            (eid,)).fetchone()
+        name = bytes(name)
+        if eid in self._moved:
+            reason = f"{bytes(error).decode(errors='replace')}; {reason}"
+            c.execute("UPDATE entries SET error=? WHERE id=?", (reason.encode(), eid))
+            return f"message {eid} {_show(name)}: {reason}"
+        self._moved.add(eid)
+        err = c.execute("SELECT id FROM entries WHERE parent=? AND name=? AND kind='state'",
+                        (queue, b"error")).fetchone()
+        target = parent if err is None else err[0]
+        new_name = name if target == parent else self._free_name(target, name)
+        new_state = "error" if err is not None else state
+        c.execute("UPDATE entries SET parent=?, name=?, state=?, consumer=NULL, lease_ns=NULL, "
+                  "retry_ns=NULL, finished_ns=?, ctime_ns=?, error=?, hidden=0 WHERE id=?",
+                  (target, new_name, new_state, now, now, reason.encode(), eid))
+        src = f"{state}/{consumer}" if consumer else state
+        c.execute("INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
+                  "VALUES (?, ?, 'repair', ?, ?, NULL, ?, ?)",
+                  (eid, now, src, new_state, os.getpid(), reason))
+        where_to = (f"moved to error/ as {_show(new_name)}" if err is not None
+                    else "left in place (its queue has no error/ directory)")
+        return f"message {eid} {_show(name)} ({src}): {reason}; {where_to}"
+
+    def _free_name(self, parent: int, name: bytes) -> bytes:
+        """``name``, or ``name.~N~`` when it is taken (never replace anything)."""
+        taken = self.conn.execute
+        if taken("SELECT 1 FROM entries WHERE parent=? AND name=?", (parent, name)).fetchone() \
+                is None:
+            return name
+        n = 1
+        while True:
+            suffix = b".~%d~" % n
+            candidate = name[:NAME_MAX - len(suffix)] + suffix
+            if taken("SELECT 1 FROM entries WHERE parent=? AND name=?",
+                     (parent, candidate)).fetchone() is None:
+                return candidate
+            n += 1
+
+    def _keep(self, path: str, data: bytes | None, name: str) -> str:
+        """Keep what is left of damaged content in ``STORE/lost+found/``."""
+        d = os.path.join(self.store_dir, LOST_AND_FOUND)
+        try:
+            os.makedirs(d, exist_ok=True)
+            dst = os.path.join(d, name)
+            n = 0
+            while os.path.lexists(dst):
+                n += 1
+                dst = os.path.join(d, f"{name}.~{n}~")
+            if data is not None:
+                with open(dst, "xb") as f:
+                    f.write(data)
+            else:
+                os.rename(path, dst)
+        except OSError as e:
+            return f"could not keep the damaged content of {name} in {d}: {e}"
+        return f"kept the damaged content in {dst}"
+
+    def _repair_refcounts(self) -> list[str]:
+        if not self.bad_refcounts:
+            return []
+        c = self.conn
+        fixes = []
+        with gc.write_tx(c):
+            for bid in sorted(self.bad_refcounts):
+                row = c.execute("SELECT refcount, (SELECT COUNT(*) FROM entries WHERE blob=?) "
+                                "FROM blobs WHERE id=?", (bid, bid)).fetchone()
+                if row is None or row[0] == row[1]:
+                    continue
+                c.execute("UPDATE blobs SET refcount=? WHERE id=?", (row[1], bid))
+                fixes.append(f"blob {bid}: refcount {row[0]} corrected to {row[1]}")
+                if row[1] == 0:
+                    self.unreferenced.add(bid)
+        return fixes
+

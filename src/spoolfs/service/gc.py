@@ -1,0 +1,281 @@
+"""Garbage collection: what crashes leave behind, removed in two phases.
+
+Three kinds of garbage:
+
+- **unreferenced blob rows**: a ``blobs`` row that no message references (the row goes, then
+  its file);
+- **orphan blob files**: a file under ``blobs/`` that no blob row names (``<sha256>.<id>`` with
+  no row ``id`` of that hash stored in a file), left by a crash between placing the file and
+  committing its row, or between committing a row's deletion and removing its file;
+- **orphan staging files**: ``staging/<id>`` without a staged message.
+
+**Mark**: a read of the store (no lock) and a walk of the directories find candidates; a file is
+a candidate only once it is older than the grace period (its ``ctime``: placing a blob file is a
+``link``, which sets it, while its ``mtime`` is the upload's last write). **Sweep**: under the
+store's write lock (``BEGIN IMMEDIATE`` on a connection of our own), each candidate is checked
+again and removed only if it is still garbage. A daemon places a blob file or creates a staging
+file inside the write transaction that names it, so while we hold the lock no file is between
+being created and being named. Orphan files are therefore unlinked *before* we give the lock up
+(an id that was never committed may be used again by the next transaction); the file of a blob
+row we delete goes after the commit, as the daemon does it: a committed id is never reused, so
+a later blob with the same content has a file of another name.
+
+``collect`` is used by ``spoolfs gc`` and by ``periodic``, a daemon's background collection (a
+trio task); ``fsck --repair`` uses the sweeps too. A "message" here is any row that holds content,
+files in a batch included. Everything here talks SQL to its own ``sqlite3`` connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from spoolfs.blobs import BlobDir, StagingDir
+
+log = logging.getLogger(__name__)
+
+NS = 1_000_000_000
+#: Orphan files younger than this are left alone (``--grace``).
+GRACE_NS = 600 * NS
+#: How often a daemon's background collection runs.
+INTERVAL_S = 600.0
+BUSY_TIMEOUT_MS = 30_000
+
+
+def connect(store_dir: str) -> sqlite3.Connection:
+    """Our own connection to ``STORE/meta.db`` (never creates a store)."""
+    path = os.path.join(store_dir, "meta.db")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{store_dir} is not a spoolfs store (no meta.db)")
+    conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None,
+                           check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+@contextmanager
+def write_tx(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction holding the store's write lock: no daemon commits meanwhile."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+@contextmanager
+def read_tx(conn: sqlite3.Connection) -> Iterator[None]:
+    """One consistent snapshot for several queries (takes no write lock)."""
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("COMMIT")
+
+
+@dataclass
+class Report:
+    blob_rows: int = 0  # unreferenced blob rows deleted
+    blob_files: int = 0  # orphan blob files removed (not counting the files of deleted rows)
+    staging_files: int = 0  # orphan staging files removed
+    bytes: int = 0  # freed: sizes of deleted rows' content and of removed files
+    young: int = 0  # orphan files left alone: younger than the grace period
+    lines: list[str] = field(default_factory=list)  # one per removal
+
+    @property
+    def removed(self) -> int:
+        return self.blob_rows + self.blob_files + self.staging_files
+
+    def summary(self) -> str:
+        s = (f"removed {self.blob_rows} unreferenced blob row(s), {self.blob_files} orphan "
+             f"blob file(s), {self.staging_files} orphan staging file(s); {self.bytes} bytes freed")
+        if self.young:
+            s += f"; {self.young} orphan file(s) younger than the grace period left"
+        return s
+
+
+def _age_ns(st: os.stat_result, now_ns: int) -> int:
+    # ctime, not mtime: link() (placing a blob) and every write set it, touch -d cannot undo it
+    return now_ns - max(st.st_ctime_ns, st.st_mtime_ns)
+
+
+def _old_enough(path: str, grace_ns: int, now_ns: int) -> os.stat_result | None:
+    """The file's stat if it exists and is older than the grace period."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st if _age_ns(st, now_ns) >= grace_ns else None
+
+
+def _names_live_blob(conn: sqlite3.Connection, sha: bytes, bid: int) -> bool:
+    """Whether blob file ``<sha>.<bid>`` is the file of a blob row."""
+    if bid < 0:
+        return False
+    row = conn.execute("SELECT sha256, data IS NULL FROM blobs WHERE id=?", (bid,)).fetchone()
+    return row is not None and bytes(row[0]) == sha and bool(row[1])
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def sweep_blob_rows(conn: sqlite3.Connection, blobs: BlobDir, candidates: Iterable[int],
+                    report: Report) -> None:
+    """Delete blob rows that no message references (checked again under the lock), then their
+    files."""
+    ids = sorted(set(candidates))
+    if not ids:
+        return
+    gone: list[tuple[bytes, int]] = []
+    with write_tx(conn):
+        for bid in ids:
+            row = conn.execute("SELECT sha256, size, refcount, data IS NULL FROM blobs "
+                               "WHERE id=?", (bid,)).fetchone()
+            if row is None:
+                continue
+            if conn.execute("SELECT 1 FROM entries WHERE blob=? LIMIT 1", (bid,)).fetchone():
+                continue
+            sha, size, refcount, in_file = bytes(row[0]), row[1], row[2], bool(row[3])
+            conn.execute("DELETE FROM blobs WHERE id=?", (bid,))
+            if in_file:
+                gone.append((sha, bid))
+            report.blob_rows += 1
+            report.bytes += size
+            was = f", its refcount said {refcount}" if refcount else ""
+            report.lines.append(f"deleted unreferenced blob {bid} ({size} bytes"
+                                f"{', and its file' if in_file else ', inline'}{was})")
+    for sha, bid in gone:  # after the commit: a committed id is never used again
+        blobs.remove(sha, bid)
+
+
+def sweep_blob_files(conn: sqlite3.Connection, candidates: Iterable[tuple[str, bytes, int]],
+                     grace_ns: int, now_ns: int, report: Report) -> None:
+    """Remove blob files that no row names and that are older than the grace period, while
+    holding the write lock."""
+    files = list(candidates)
+    if not files:
+        return
+    with write_tx(conn):
+        for path, sha, bid in files:
+            if _names_live_blob(conn, sha, bid):
+                continue
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if _age_ns(st, now_ns) < grace_ns:
+                report.young += 1
+                continue
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            report.blob_files += 1
+            report.bytes += st.st_size if st.st_nlink <= 1 else 0
+            report.lines.append(f"removed orphan blob file {path} ({st.st_size} bytes)")
+
+
+def sweep_staging(conn: sqlite3.Connection, staging: StagingDir, candidates: Iterable[int],
+                  grace_ns: int, now_ns: int, report: Report) -> None:
+    """Remove staging files without a staged message, older than the grace period, while
+    holding the write lock."""
+    ids = sorted(set(candidates))
+    if not ids:
+        return
+    with write_tx(conn):
+        for sid in ids:
+            row = conn.execute("SELECT staged FROM entries WHERE id=?", (sid,)).fetchone()
+            if row is not None and row[0]:
+                continue
+            path = staging.path(sid)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if _age_ns(st, now_ns) < grace_ns:
+                report.young += 1
+                continue
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            report.staging_files += 1
+            # a published upload's staging file is a second link of its blob file: no space
+            report.bytes += st.st_size if st.st_nlink <= 1 else 0
+            report.lines.append(f"removed orphan staging file {path} ({st.st_size} bytes)")
+
+
+# --------------------------------------------------------------------------- collection
+
+
+def collect(store_dir: str, grace_ns: int = GRACE_NS, now_ns: int | None = None) -> Report:
+    """Mark, then sweep (one short write transaction per kind of garbage). Safe while daemons
+    have the store mounted."""
+    now = time.time_ns() if now_ns is None else now_ns
+    blobs = BlobDir(os.path.join(store_dir, "blobs"))
+    staging = StagingDir(os.path.join(store_dir, "staging"))
+    report = Report()
+    conn = connect(store_dir)
+    try:
+        # mark: what the committed store says, then what the directories hold
+        with read_tx(conn):
+            files_of = {int(i): bytes(s) for i, s in
+                        conn.execute("SELECT id, sha256 FROM blobs WHERE data IS NULL")}
+            unreferenced = [int(i) for (i,) in conn.execute(
+                "SELECT id FROM blobs b WHERE NOT EXISTS "
+                "(SELECT 1 FROM entries e WHERE e.blob = b.id)")]
+            staged = {int(i) for (i,) in conn.execute("SELECT id FROM entries WHERE staged=1")}
+        orphan_files = []
+        for path, sha, bid in blobs.walk():
+            if files_of.get(bid) == sha:
+                continue
+            if _old_enough(path, grace_ns, now) is None:
+                report.young += os.path.lexists(path)
+                continue
+            orphan_files.append((path, sha, bid))
+        orphan_staging = []
+        for sid in staging.ids():
+            if sid in staged:
+                continue
+            if _old_enough(staging.path(sid), grace_ns, now) is None:
+                report.young += os.path.lexists(staging.path(sid))
+                continue
+            orphan_staging.append(sid)
+        # sweep: each candidate checked again under the write lock
+        sweep_blob_rows(conn, blobs, unreferenced, report)
+        sweep_blob_files(conn, orphan_files, grace_ns, now, report)
+        sweep_staging(conn, staging, orphan_staging, grace_ns, now, report)
+    finally:
+        conn.close()
+    return report
+
+
+async def periodic(store_dir: str, interval_s: float = INTERVAL_S,
+                   grace_ns: int = GRACE_NS) -> None:
+    """A daemon's background collection: ``collect`` every ``interval_s`` in a worker thread.
+    A failure is logged and the next round runs; it never ends the mount."""
+    import trio
+
+    while True:
+        await trio.sleep(interval_s)
+        try:
+            report = await trio.to_thread.run_sync(collect, store_dir, grace_ns)
+        except (OSError, sqlite3.Error) as e:
+            log.warning("gc: failed, trying again in %gs: %s", interval_s, e)
+            continue
+        except Exception:
+            log.exception("gc: unexpected error; trying again in %gs", interval_s)
+            continue
+        for line in report.lines:
+            log.info("gc: %s", line)
+        if report.removed:
+            log.info("gc: %s", report.summary())

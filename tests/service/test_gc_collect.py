@@ -1,0 +1,165 @@
+"""``service.gc``: collection of what crashes leave behind, on a real store without a kernel."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from spoolfs.core.rules import State
+from spoolfs.service import gc
+from spoolfs.service.content import INLINE_MAX
+from spoolfs.service.fsck import Fsck
+from spoolfs.service.spool import Spool, Who
+from spoolfs.store.sqlite import open_store
+
+WHO = Who(0, 0, 1)
+BIG = INLINE_MAX + 1000
+LATER = 3600 * gc.NS  # an hour on: every file made by the test is past the grace period
+
+
+Env = tuple[Spool, dict[State, int], Path]
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        dirs = {st: spool.lookup(qe.id, st.value.encode()).id for st in State}
+        yield spool, dirs, tmp_path
+        spool.committer.close()
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []
+
+
+async def upload(spool: Spool, d: int, name: bytes, data: bytes) -> int:
+    e, h = await spool.create(d, name, 0o644, WHO)
+    spool.write(h, 0, data)
+    await spool.close(h, WHO)
+    return e.id
+
+
+def read(spool: Spool, entry_id: int) -> bytes:
+    h = spool.content.open(spool.r, spool.get(entry_id), False)
+    try:
+        return h.read(0, 1 << 30)
+    finally:
+        h.close()
+
+
+def orphan_file(spool: Spool, bid: int, data: bytes = b"orphan") -> str:
+    path = spool.content.blobs.path(hashlib.sha256(data).digest(), bid)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Path(path).write_bytes(data)
+    return path
+
+
+def leaked_row(store: Path, spool: Spool, data: bytes) -> tuple[int, str]:
+    """A blob row (content in a file) that no message references."""
+    sha = hashlib.sha256(data).digest()
+    conn = sqlite3.connect(store / "meta.db", isolation_level=None)
+    try:
+        bid = conn.execute("INSERT INTO blobs (sha256, size, refcount, data) "
+                           "VALUES (?, ?, 0, NULL)", (sha, len(data))).lastrowid
+    finally:
+        conn.close()
+    assert bid is not None
+    path = spool.content.blobs.path(sha, bid)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Path(path).write_bytes(data)
+    return bid, path
+
+
+async def test_collect_removes_each_kind_and_nothing_live(env: Env) -> None:
+    spool, d, store = env
+    big = os.urandom(BIG)
+    a = await upload(spool, d[State.READY], b"a", big)
+    s = await upload(spool, d[State.READY], b"s", b"small")
+    e, h = await spool.create(d[State.PARTIAL], b"uploading", 0o644, WHO)
+    spool.write(h, 0, b"in progress")
+    bid, row_file = leaked_row(store, spool, os.urandom(BIG))
+    loose = orphan_file(spool, 5000)
+    Path(spool.content.staging.path(88888)).write_bytes(b"left over")
+
+    # now: the row goes (rows have no age), the fresh files stay
+    r = gc.collect(str(store))
+    assert (r.blob_rows, r.blob_files, r.staging_files, r.young) == (1, 0, 0, 2)
+    assert not os.path.exists(row_file) and os.path.exists(loose)
+    # an hour later the files go too
+    r = gc.collect(str(store), now_ns=time.time_ns() + LATER)
+    assert (r.blob_rows, r.blob_files, r.staging_files, r.young) == (0, 1, 1, 0)
+    assert not os.path.exists(loose) and spool.content.staging.ids() == [e.id]
+    assert "removed 0 unreferenced blob row(s), 1 orphan blob file(s)" in r.summary()
+    # nothing live was touched
+    r = gc.collect(str(store), grace_ns=0)
+    assert r.removed == 0 and r.young == 0
+    assert read(spool, a) == big and read(spool, s) == b"small"
+    await spool.close(h, WHO)
+    assert read(spool, e.id) == b"in progress"
+    assert bid not in {b.id for b in spool.r.all_blobs()}
+
+
+async def test_a_file_whose_row_commits_while_gc_waits_for_the_lock_is_kept(
+        env: Env) -> None:
+    """The mark phase sees a blob file placed by a transaction that has not committed yet;
+    the sweep, under the write lock, sees the committed row and keeps the file."""
+    spool, d, store = env
+    data = os.urandom(BIG)
+    sha = hashlib.sha256(data).digest()
+    conn = sqlite3.connect(store / "meta.db", isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")  # a daemon's publish, mid-transaction
+    bid = conn.execute("INSERT INTO blobs (sha256, size, refcount, data) VALUES (?, ?, 1, NULL)",
+                       (sha, len(data))).lastrowid
+    assert bid is not None
+    path = spool.content.blobs.path(sha, bid)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Path(path).write_bytes(data)
+
+    marked = threading.Event()
+    sweep = gc.sweep_blob_files
+
+    def spy(*args, **kw):  # type: ignore[no-untyped-def]
+        marked.set()
+        return sweep(*args, **kw)
+
+    result: list[gc.Report] = []
+    orig, gc.sweep_blob_files = gc.sweep_blob_files, spy
+    try:
+        t = threading.Thread(target=lambda: result.append(gc.collect(str(store), grace_ns=0)))
+        t.start()
+        assert marked.wait(10)  # the file is a candidate...
+        time.sleep(0.2)  # ...and the sweep waits for the write lock
+        msg = conn.execute(
+            "INSERT INTO entries (parent, name, kind, queue, state, blob, size, mode, mtime_ns, "
+            "ctime_ns, created_ns, enqueued_ns) SELECT ?, X'6d', 'message', queue, 'ready', ?, ?, "
+            "33188, 0, 0, 0, 0 FROM entries WHERE id=?",
+            (d[State.READY], bid, len(data), d[State.READY])).lastrowid
+        conn.execute("COMMIT")
+        t.join(30)
+    finally:
+        gc.sweep_blob_files = orig
+        conn.close()
+    assert result and result[0].blob_files == 0
+    assert os.path.exists(path) and read(spool, msg) == data  # type: ignore[arg-type]
+
+
+async def test_periodic_collects_in_the_background(env: Env) -> None:
+    spool, d, store = env
+    loose = orphan_file(spool, 6000)
+    with trio.move_on_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(gc.periodic, str(store), 0.01, 0)
+            while os.path.exists(loose):
+                await trio.sleep(0.01)
+            n.cancel_scope.cancel()
+    assert not os.path.exists(loose)
