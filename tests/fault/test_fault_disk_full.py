@@ -32,8 +32,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="the disk guard and metadata headroom (DESIGN §6-7) are "
-                   "not built yet: today a full disk fails commits with EIO")
 def test_full_disk_refuses_uploads_but_queue_still_drains(small_disk: Path,
                                                           mounter: MountFactory,
                                                           tmp_path: Path) -> None:

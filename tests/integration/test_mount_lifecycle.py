@@ -556,7 +556,9 @@ def test_retention_purges_finished_messages_and_frees_content(
 DEFAULTS = {"lease_timeout": "10m", "max_attempts": "5", "retry_backoff": "0s",
             "retry_backoff_max": "1h", "retry_errors": "off", "success_retention": "forever",
             "error_retention": "forever", "fanout": "none", "duplicates": "allow",
-            "duplicates_window": "7d"}
+            "duplicates_window": "7d", "max_age.partial": "none", "max_age.ready": "none",
+            "max_age.working": "none", "max_error": "none", "max_working_per_consumer": "none",
+            "min_free": "auto"}
 
 
 def test_queue_policies(mounter: MountFactory, store: Path, tmp_path: Path) -> None:

@@ -211,7 +211,9 @@ def test_defaults_are_those_of_design() -> None:
         "lease_timeout": "10m", "max_attempts": "5", "retry_backoff": "0s",
         "retry_backoff_max": "1h", "retry_errors": "off", "success_retention": "forever",
         "error_retention": "forever", "fanout": "none", "duplicates": "allow",
-        "duplicates_window": "7d",
+        "duplicates_window": "7d", "max_age.partial": "none", "max_age.ready": "none",
+        "max_age.working": "none", "max_error": "none", "max_working_per_consumer": "none",
+        "min_free": "auto",
     }
     assert set(p.shown()) == set(KEYS)
 

@@ -32,16 +32,44 @@ class Policy:
     fanout: tuple[str, ...] = ()  # subscriber queues: a publish here lands in each of them
     duplicates: str = "allow"  # allow | reject | skip: a publish of content seen in the window
     duplicates_window: int = 7 * 86400 * NS
+    # Watching (DESIGN §7): thresholds for ``spoolfs status --check``; None: not checked.
+    max_age_partial: int | None = None
+    max_age_ready: int | None = None
+    max_age_working: int | None = None
+    max_error: int | None = None
+    max_working_per_consumer: int | None = None
+    # The disk guard: below this much free space, uploads and publishes get ENOSPC.
+    min_free: str = "auto"  # "auto" (5% or 1 GiB, whichever is less), a size, or "N%"
 
     def with_values(self, values: dict[str, str]) -> Policy:
         """A copy with ``values`` (raw text, as stored) applied; refuses any bad one."""
-        return replace(self, **{k: parse(k, v) for k, v in values.items()})
+        return replace(self, **{_field(k): parse(k, v) for k, v in values.items()})
 
     def shown(self) -> dict[str, str]:
-        return {f.name: show(f.name, getattr(self, f.name)) for f in fields(self)}
+        return {_key(f.name): show(_key(f.name), getattr(self, f.name)) for f in fields(self)}
+
+    def get(self, key: str) -> Any:
+        return getattr(self, _field(key))
+
+    def min_free_bytes(self, total_bytes: int) -> int:
+        """The disk guard's floor for a file system of ``total_bytes``."""
+        spec = self.min_free
+        if spec == "auto":
+            return min(total_bytes // 20, 1 << 30)
+        if spec.endswith("%"):
+            return total_bytes * int(spec[:-1]) // 100
+        return parse_size(spec)
 
 
-KEYS = tuple(f.name for f in fields(Policy))
+def _key(field_name: str) -> str:
+    return field_name.replace("max_age_", "max_age.")
+
+
+def _field(key: str) -> str:
+    return key.replace("max_age.", "max_age_")
+
+
+KEYS = tuple(_key(f.name) for f in fields(Policy))
 DEFAULT = Policy()
 
 HELP = {
@@ -56,7 +84,16 @@ HELP = {
     "duplicates": "a publish of content already published within the window: allow, "
                   "reject (EEXIST) or skip (straight to success/)",
     "duplicates_window": "how far back duplicates are looked for (duration)",
+    "max_age.partial": "status --check: the oldest upload in partial/ may be this old (duration or none)",
+    "max_age.ready": "status --check: the oldest claimable message may wait this long (duration or none)",
+    "max_age.working": "status --check: the oldest claim may be this old (duration or none)",
+    "max_error": "status --check: at most this many messages in error/ (number or none)",
+    "max_working_per_consumer": "status --check: at most this many claims per consumer view (number or none)",
+    "min_free": "below this free space uploads and publishes get ENOSPC: auto (5% or 1G, whichever "
+                "is less), a size (500M, 2G) or a share (10%)",
 }
+_SIZE = re.compile(r"([0-9]+)([kmgt]?)b?")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 DUPLICATES = ("allow", "reject", "skip")
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -84,9 +121,41 @@ def show_duration(ns: int) -> str:
     return f"{s}s"
 
 
+def parse_size(text: str) -> int:
+    m = _SIZE.fullmatch(text.strip().lower())
+    if m is None:
+        raise Invalid(f"bad size {text!r}: a number with k, M, G or T (500M, 2G)")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+
+
+def show_size(n: int) -> str:
+    for unit in ("t", "g", "m", "k"):
+        if n and n % _SIZE_UNITS[unit] == 0:
+            return f"{n // _SIZE_UNITS[unit]}{unit.upper()}"
+    return str(n)
+
+
 def parse(key: str, text: str) -> Any:
     """The value of ``key`` written as ``text``; ``Invalid`` with a clear message otherwise."""
     t = text.strip().lower()
+    if key.startswith("max_age."):
+        if key not in KEYS:
+            raise Invalid(f"unknown policy key {key!r}; keys: {', '.join(KEYS)}")
+        return None if t in FOREVER else parse_duration(t)
+    if key in ("max_error", "max_working_per_consumer"):
+        if t in ("none", "off", ""):
+            return None
+        if not re.fullmatch(r"[0-9]+", t):
+            raise Invalid(f"bad {key} {text!r}: a whole number, or none")
+        return int(t)
+    if key == "min_free":
+        if t == "auto":
+            return t
+        if t.endswith("%"):
+            if not re.fullmatch(r"[0-9]{1,2}%", t):
+                raise Invalid(f"bad min_free {text!r}: a share from 0% to 99%")
+            return t
+        return show_size(parse_size(t))
     if key in ("lease_timeout",):
         v = parse_duration(t)
         if v <= 0:
@@ -128,6 +197,12 @@ def show(key: str, value: Any) -> str:
         return "on" if value else "off"
     if key == "fanout":
         return ",".join(value) if value else "none"
+    if key == "min_free":
+        return str(value)
+    if key in ("max_error", "max_working_per_consumer"):
+        return "none" if value is None else str(value)
+    if key.startswith("max_age.") and value is None:
+        return "none"
     if key == "duplicates":
         return str(value)
     if key == "max_attempts":

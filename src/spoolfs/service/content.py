@@ -30,7 +30,7 @@ class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
-                 "lease_checked", "lease_id")
+                 "lease_checked", "lease_id", "queue")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -43,6 +43,7 @@ class Handle:
         self.done = False  # its upload was published when the opener closed it: no more writes
         self.lease_checked = 0.0  # monotonic time a read last looked at the lease
         self.lease_id = entry_id  # the message whose lease an open handle holds (a batch's)
+        self.queue: int | None = None  # its queue: the disk guard's policy
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:

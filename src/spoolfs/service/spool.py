@@ -21,8 +21,8 @@ from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core import lifecycle as L
 from spoolfs.core import rules
 from spoolfs.core.errors import (
-    Exists, Invalid, IsADirectory, NoAttribute, NoSubscriber, NotADirectory, NotEmpty, NotFound,
-    NotPermitted, NotSupported, SpoolError, StoreFailure,
+    Exists, Invalid, IsADirectory, NoAttribute, NoSpace, NoSubscriber, NotADirectory, NotEmpty,
+    NotFound, NotPermitted, NotSupported, SpoolError, StoreFailure,
 )
 from spoolfs.core.names import NAME_MAX, check_ident, check_message_name, is_staging_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
@@ -30,6 +30,7 @@ from spoolfs.service import batches
 from spoolfs.service.batches import MEMBER, is_batch, is_dir
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed
+from spoolfs.service.guard import DiskGuard
 from spoolfs.service.policies import Policies, check_fanout
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 
@@ -81,6 +82,8 @@ class Spool:
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
         self.policies = Policies(self.r)
+        self.guard = DiskGuard(store_dir)
+        self._failed: set[int] = set()  # uploads a write failed on: never published as they are
         #: called with (parent, name) when the lifecycle moves or purges a message, so that the
         #: kernel drops a name it may have cached
         self.on_gone: Callable[[int, bytes], None] = lambda parent, name: None
@@ -192,6 +195,7 @@ class Spool:
         """``mkdir partial/b1`` makes a batch (one message); inside it, a directory member."""
         check_message_name(name)
         if p.kind == "state":
+            self.guard.check(self.policies.of(p.queue))
             fields: dict[str, Any] = dict(kind="message", state=State.PARTIAL, queue=p.queue)
         else:
             if not is_dir(p):
@@ -292,6 +296,7 @@ class Spool:
         state = self._message_dir(d)
         check_message_name(name)
         action = rules.decide_create(rules.kind_of(state, name))
+        self.guard.check(self.policies.of(d.queue))
         now = self.clock()
 
         def fn(tx: WriteTx) -> Entry:
@@ -313,6 +318,7 @@ class Spool:
         """A file in a batch being built in partial/."""
         check_message_name(name)
         root = batches.check_mutable(self.r, d)
+        self.guard.check(self.policies.of(root.queue))
         now = self.clock()
 
         def fn(tx: WriteTx) -> Entry:
@@ -331,6 +337,7 @@ class Spool:
     def _open_handle(self, e: Entry, writable: bool, who: Who) -> Handle:
         h = self.content.open(self.r, e, writable)
         h.opener = who.pid
+        h.queue = e.queue
         if e.kind == MEMBER:
             h.lease_id = batches.root_of(self.r, e).id
         self._open[h.lease_id] = self._open.get(h.lease_id, 0) + 1
@@ -398,8 +405,11 @@ class Spool:
             return
         self._writers.pop(h.entry_id, None)
         e = self.r.get(h.entry_id)
-        if e is not None and e.hidden and not h.done:
-            await self._publish_settled(e, who)
+        try:
+            if e is not None and e.hidden and not h.done:
+                await self._publish_settled(e, who)
+        finally:
+            self._failed.discard(h.entry_id)
 
     # ---- arrival in ready/: duplicates and fan-out (DESIGN §5) ---------------------------
 
@@ -511,6 +521,8 @@ class Spool:
         done = trio.Event()  # registered before the first await: see settle()
         self._settling.setdefault(e.parent, []).append(done)
         try:
+            if e.id in self._failed:  # the writer saw a write fail: the content is not whole
+                raise NoSpace("a write to this upload failed; it was not published")
             await self._publish_hidden(e, who)
         except (NotFound, StoreFailure):
             raise  # gone meanwhile, or the store failed: recovery at mount reconciles it
@@ -572,7 +584,12 @@ class Spool:
         return self.content.seal(e.id)
 
     def write(self, h: Handle, off: int, buf: bytes) -> int:
-        return h.write(off, buf)
+        try:
+            self.guard.check(self.policies.of(h.queue), len(buf))
+            return h.write(off, buf)
+        except SpoolError:
+            self._failed.add(h.entry_id)
+            raise
 
     # ---- transitions ----------------------------------------------------------------------
 
@@ -597,6 +614,8 @@ class Spool:
         action = rules.decide_rename(src_kind, dst_kind, scope)
         if parent == new_parent and name == new_name:
             return False
+        if action is Action.PUBLISH:
+            self.guard.check(self.policies.of(d.queue))
         defer = action is Action.PUBLISH and self._writers.get(src.id, 0) > 0
         sealed = await self._seal(src) if action is Action.PUBLISH and src.staged and not defer \
             else None
@@ -750,6 +769,7 @@ class Spool:
         d = self.get(new_parent)
         dst_state = self._message_dir(d)
         action = rules.decide_link(rules.kind_of(dst_state, new_name))
+        self.guard.check(self.policies.of(d.queue))
         if src.staged and self._writers.get(src.id, 0) > 0:
             raise NotPermitted("an upload still open for writing cannot be linked")
         sealed = await self._seal(src) if src.staged else None
