@@ -7,6 +7,8 @@ usable and any of them is selected, the whole session stops with a non-zero exit
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -150,3 +152,13 @@ def fresh_queue(module_mount: Mount, tmp_path: Path) -> Callable[[], Queue]:
     def make() -> Queue:
         return Queue.create(module_mount.path, f"t{next(_queue_numbers)}", tmp_path / "scratch")
     return make
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory other users can traverse (pytest's tmp_path is private to root): for mount
+    points that processes of other users must reach."""
+    d = Path(tempfile.mkdtemp(prefix="spoolfs-open-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -633,3 +633,22 @@ def finish_claimers(procs: list[tuple[str, subprocess.Popen[bytes], Path, Path]]
     assert not problems, "\n".join(problems)
     return claims
 
+
+
+def wait_foreground_mount(proc: subprocess.Popen[bytes], mnt: Path, output: Path) -> None:
+    """Wait until ``spoolfs -f`` (``proc``, writing to ``output``) has mounted ``mnt``."""
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"spoolfs -f exited {proc.returncode}: "
+                                 f"{output.read_text(errors='replace')}")
+        return os.path.ismount(mnt)
+    wait_until(up, timeout=30, what="spoolfs -f to mount")
+
+
+def stop_foreground(proc: subprocess.Popen[bytes], mnt: Path) -> None:
+    """Make sure a ``spoolfs -f`` a test started is gone, and its mount with it."""
+    if proc.poll() is None:
+        if mounted(mnt):
+            run(["fusermount3", "-u", "-z", mnt])
+        proc.kill()
+        proc.wait()

@@ -14,10 +14,12 @@ import trio
 
 from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.fuse.ops import Operations
+from spoolfs.notify import notify
 from spoolfs.runtime import pidfile
 from spoolfs.service import gc
 from spoolfs.service.lifecycle import Lifecycle
 from spoolfs.service.recovery import recover
+from spoolfs.service.roles import STRICT_ROLES, Gate
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.sqlite import open_store
 
@@ -42,15 +44,18 @@ def fuse_options(store_dir: str, options: list[str]) -> set[str]:
     """The mount options: the caller's, plus the kernel's permission checks whenever users
     other than the mounting one can enter (``allow_other``/``allow_root``). Without those, FUSE
     lets no one else in, and the checks would only cost a GETATTR on every changed directory
-    of every path walk."""
-    opts = {o for o in options if o} | {f"fsname={store_dir}", "subtype=spoolfs"}
-    if opts & {"allow_other", "allow_root"} or "default_permissions" in options:
+    of every path walk. ``strict_roles`` is the daemon's own (service/roles.py), not passed on;
+    it turns the kernel's checks on too."""
+    opts = {o for o in options if o and o != STRICT_ROLES} | {f"fsname={store_dir}",
+                                                               "subtype=spoolfs"}
+    if opts & {"allow_other", "allow_root"} or {"default_permissions", STRICT_ROLES} & set(options):
         opts.add("default_permissions")
     return opts
 
 
 def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str],
-          on_ready: Callable[[], None] = lambda: None) -> None:
+          on_ready: Callable[[], None] = lambda: None, *,
+          metrics_listen: str | None = None) -> None:
     """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live."""
     try:
         store = open_store(store_dir)
@@ -60,7 +65,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
     try:
         recover(spool)
         root_id = _queue_root(spool, queue) if queue else 1
-        ops = Operations(spool, root_id)
+        ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None)
         opts = fuse_options(store_dir, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
@@ -75,7 +80,8 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
                 f.write(f"{os.getpid()}\n")
             log.info("spoolfs: mounted %s on %s (pid %d)", store_dir, mountpoint, os.getpid())
             try:
-                trio.run(_main, spool, on_ready)
+                trio.run(_main, spool, on_ready, metrics_listen,
+                         root_id if root_id != 1 else None)
             finally:
                 pyfuse3.close(unmount=True)
         finally:
@@ -88,8 +94,10 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         log.info("spoolfs: %s unmounted, store closed", mountpoint)
 
 
-async def _main(spool: Spool, on_ready: Callable[[], None]) -> None:
+async def _main(spool: Spool, on_ready: Callable[[], None],
+                metrics_listen: str | None = None, only_queue: int | None = None) -> None:
     lifecycle = Lifecycle(spool)
+    metrics = trio.CancelScope()
     async with trio.open_nursery() as nursery:
         await nursery.start(spool.committer.run)
         timers = trio.CancelScope()
@@ -97,16 +105,29 @@ async def _main(spool: Spool, on_ready: Callable[[], None]) -> None:
         nursery.start_soon(_signals, signals)
         nursery.start_soon(_run_in, timers, lifecycle.run,
                            functools.partial(gc.periodic, spool.store_dir))
+        if metrics_listen:  # listening before the mount is reported ready
+            await nursery.start(_metrics, metrics, metrics_listen, spool, only_queue)
         on_ready()
         try:
             await pyfuse3.main()
         finally:
+            notify("STOPPING=1", "STATUS=unmounting")  # systemd Type=notify
             signals.cancel()
             timers.cancel()
+            metrics.cancel()
             spool.committer.close()  # the committer answers what it accepted, then returns
     log.info("fuse session ended: %d commits for %d requests; lifecycle: %d lease(s) expired, "
              "%d retried, %d purged", spool.committer.batches, spool.committer.requests,
              lifecycle.expired, lifecycle.retried, lifecycle.purged)
+
+
+async def _metrics(scope: trio.CancelScope, listen: str, spool: Spool, only_queue: int | None,
+                   *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    from spoolfs import metrics_http
+
+    with scope:
+        await metrics_http.serve(listen, lambda: spool.snapshot(only_queue=only_queue),
+                                 task_status=task_status)
 
 
 async def _run_in(scope: trio.CancelScope, *fns: Callable[[], Awaitable[None]]) -> None:

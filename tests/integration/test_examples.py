@@ -239,14 +239,14 @@ def test_systemd_unit_mounts_the_default_store_and_unmounts_with_spoolfs_umount(
     ini = unit()
     assert set(ini.sections()) == {"Unit", "Service", "Install"}
     svc = ini["Service"]
-    assert svc["Type"] == "forking", "spoolfs returns once mounted: that is Type=forking"
+    assert svc["Type"] == "notify", "spoolfs -f tells systemd READY=1 once mounted"
     start, stop = exec_argv(svc["ExecStart"]), exec_argv(svc["ExecStop"])
     assert Path(start[0]).name == "spoolfs" and Path(stop[0]).name == "spoolfs"
-    assert start[1:] == ["/var/lib/spoolfs", "/mnt/spool"]
+    assert start[1:] == ["-f", "/var/lib/spoolfs", "/mnt/spool"]
     assert stop[1:] == ["umount", "/mnt/spool"]
     from spoolfs.cli.mount import parser  # the command line the unit relies on parses
     args = parser().parse_args(start[1:])
-    assert args.paths == ["/var/lib/spoolfs", "/mnt/spool"] and not args.foreground
+    assert args.paths == ["/var/lib/spoolfs", "/mnt/spool"] and args.foreground
     assert ini["Install"]["WantedBy"] == "multi-user.target"
     for key in ("ExecStartPre", "ExecStopPost"):
         binary = exec_argv(svc[key])[0]

@@ -23,6 +23,7 @@ from helpers import (
     read,
     spoolfs_cli,
     visible,
+    wait_foreground_mount,
     wait_until,
 )
 
@@ -119,12 +120,7 @@ def test_foreground_mode_serves_until_unmounted(store: Path, tmp_path: Path) -> 
                                  "--log-file", str(log)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     try:
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"spoolfs -f exited {proc.returncode}: "
-                                     f"{(tmp_path / 'fg.out').read_text(errors='replace')}")
-            return os.path.ismount(mnt)
-        wait_until(up, timeout=30, what="spoolfs -f to mount")
+        wait_foreground_mount(proc, mnt, tmp_path / "fg.out")
         os.mkdir(mnt / "q")
         assert sorted(os.listdir(mnt / "q")) == ["error", "partial", "ready", "success", "working"]
         res = spoolfs_cli("umount", str(mnt))

@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +13,6 @@ from helpers import MountFactory, fails, ls, ok, read
 pytestmark = pytest.mark.fuse
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory other users can traverse (pytest's tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix="spoolfs-perm-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_allow_other_enforces_the_modes(mounter: MountFactory, open_dir: Path,

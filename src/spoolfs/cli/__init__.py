@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "gc": "spoolfs.cli.gc",
     "bench": "spoolfs.cli.bench",
     "queue": "spoolfs.cli.queue",
+    "status": "spoolfs.cli.status",
     "history": "spoolfs.cli.history",
 }
 

@@ -1,4 +1,8 @@
-"""Logging: stderr in the foreground, a file when asked, syslog when daemonized."""
+"""Logging: stderr in the foreground, a file when asked, syslog when daemonized.
+
+In the foreground under systemd, stderr is the journal: systemd says so in ``$JOURNAL_STREAM``
+(the device and inode of that stream). Lines then carry no time stamp (the journal adds its own)
+and start with a ``<N>`` syslog priority, which journald turns into the entry's level."""
 
 from __future__ import annotations
 
@@ -8,6 +12,27 @@ import os
 import sys
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: sd-daemon(3) priority prefixes
+PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
+              logging.CRITICAL: 2}
+
+
+class JournalFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        prio = PRIORITIES.get(record.levelno, 6)
+        # every line of a multi-line message (a traceback) becomes an entry of its own
+        return "\n".join(f"<{prio}>{line}" for line in super().format(record).splitlines())
+
+
+def stderr_is_journal() -> bool:
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    dev, _, ino = stream.partition(":")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+        return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (ValueError, OSError, AttributeError):
+        return False
 
 
 def setup(level: str, log_file: str | None, foreground: bool) -> None:
@@ -20,9 +45,13 @@ def setup(level: str, log_file: str | None, foreground: bool) -> None:
         handler.setFormatter(logging.Formatter(FORMAT))
     elif foreground:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(FORMAT))
+        if stderr_is_journal():
+            handler.setFormatter(JournalFormatter("%(levelname)s %(name)s: %(message)s"))
+        else:
+            handler.setFormatter(logging.Formatter(FORMAT))
     elif os.path.exists("/dev/log"):
-        handler = logging.handlers.SysLogHandler(address="/dev/log")
+        handler = logging.handlers.SysLogHandler(
+            address="/dev/log", facility=logging.handlers.SysLogHandler.LOG_DAEMON)
         handler.setFormatter(logging.Formatter("spoolfs[%(process)d]: %(levelname)s %(message)s"))
     else:
         handler = logging.NullHandler()

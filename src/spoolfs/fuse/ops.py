@@ -17,8 +17,11 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
-from spoolfs.core.errors import NotFound, SpoolError
+from spoolfs.core.errors import NotFound, NotPermitted, SpoolError
+from spoolfs.fuse import virtual
+from spoolfs.service import status
 from spoolfs.service.content import Handle
+from spoolfs.service.roles import Gate
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Entry
 
@@ -75,10 +78,11 @@ class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, spool: Spool, root_id: int = 1) -> None:
+    def __init__(self, spool: Spool, root_id: int = 1, roles: Gate | None = None) -> None:
         super().__init__()
         self.spool = spool
         self.root_id = root_id
+        self.roles = roles  # -o strict_roles: the daemon checks the modes too, root included
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, list[tuple[bytes, Entry]]] = {}
         self._next_fh = 1
@@ -110,6 +114,13 @@ class Operations(pyfuse3.Operations):
         if sid is None or sid == self.root_id:
             return pyfuse3.ROOT_INODE
         return sid
+
+    def _may(self, ctx: Any, change: tuple[int, ...] = (),
+             remove: tuple[tuple[int, bytes], ...] = ()) -> None:
+        """``-o strict_roles``: refuse (EACCES) a change the directory's mode does not allow
+        this caller, even root (service/roles.py)."""
+        if self.roles is not None and ctx is not None:
+            self.roles.check(ctx.uid, ctx.gid, ctx.pid, change, remove)
 
     def _describe(self, args: Sequence[Any]) -> str:
         shown = [a for a in args if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
@@ -153,8 +164,29 @@ class Operations(pyfuse3.Operations):
 
     # ---- lookups ------------------------------------------------------------------------
 
+    # ---- MOUNT/.spool/ -------------------------------------------------------------------
+
+    def _render(self, ino: int) -> bytes:
+        only = self.root_id if self.root_id != 1 else None
+        return virtual.render(ino, lambda: self.spool.snapshot(only_queue=only), status.metrics)
+
+    def _virtual_attr(self, ino: int) -> pyfuse3.EntryAttributes:
+        return virtual.attr(ino, len(self._render(ino)) if ino != virtual.DIR else 0)
+
+    def _virtual_lookup(self, parent_inode: int, name: bytes) -> pyfuse3.EntryAttributes | None:
+        if parent_inode == pyfuse3.ROOT_INODE and name == virtual.DIR_NAME:
+            return self._virtual_attr(virtual.DIR)
+        if parent_inode == virtual.DIR:
+            if name in virtual.FILES:
+                return self._virtual_attr(virtual.FILES[name])
+            raise NotFound()
+        return None
+
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        found = self._virtual_lookup(parent_inode, name)
+        if found is not None:
+            return found
         pid = self._sid(parent_inode)
         await self.spool.settle(pid)
         if name == b".":
@@ -178,6 +210,8 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        if virtual.is_virtual(inode):
+            return self._virtual_attr(inode)
         sid = self._sid(inode)
         e = self.spool.r.get(sid)
         if e is None:
@@ -203,6 +237,11 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
+        if inode == virtual.DIR:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._dirs[fh] = [(name, ino) for name, ino in virtual.FILES.items()]  # type: ignore[misc]
+            return fh
         sid = self._sid(inode)
         await self.spool.settle(sid)
         # One snapshot per opendir: stable cookies, and one query for the whole listing.
@@ -217,6 +256,10 @@ class Operations(pyfuse3.Operations):
         entries = self._dirs.get(fh, [])
         for i in range(start_id, len(entries)):
             name, e = entries[i]
+            if isinstance(e, int):  # MOUNT/.spool/
+                if not pyfuse3.readdir_reply(token, name, virtual.attr(e), i + 1):
+                    return
+                continue
             if not pyfuse3.readdir_reply(token, name, self._attr(e), i + 1):
                 return
             self._lookups[e.id] = self._lookups.get(e.id, 0) + 1
@@ -228,17 +271,20 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        self._may(ctx, change=(self._sid(parent_inode),))
         e = await self.spool.mkdir(self._sid(parent_inode), name, mode & ~ctx.umask, _who(ctx))
         return self._remember(e, self._attr(e))
 
     @_guard
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._may(ctx, remove=((self._sid(parent_inode), name),))
         await self.spool.rmdir(self._sid(parent_inode), name, _who(ctx))
 
     @_guard
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
                      name_new: bytes, flags: int, ctx: Any) -> None:
         pold, pnew = self._sid(parent_inode_old), self._sid(parent_inode_new)
+        self._may(ctx, change=(pnew,), remove=((pold, name_old), (pnew, name_new)))
         await self.spool.settle(pold)
         await self.spool.settle(pnew)
         self._forget_name(pnew, name_new)
@@ -251,12 +297,14 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         pid = self._sid(parent_inode)
+        self._may(ctx, remove=((pid, name),))
         await self.spool.settle(pid)
         self._forget_name(pid, name)
         await self.spool.unlink(pid, name, _who(ctx))
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        self._may(ctx, change=(self._sid(new_parent_inode),))
         e = await self.spool.link(self._sid(inode), self._sid(new_parent_inode), new_name,
                                   _who(ctx))
         return self._remember(e, self._attr(e))
@@ -270,6 +318,7 @@ class Operations(pyfuse3.Operations):
         if not stat.S_ISREG(mode):
             log.info("refused mknod(%r): EPERM (only regular files)", name)
             raise pyfuse3.FUSEError(errno.EPERM)
+        self._may(ctx, change=(self._sid(parent_inode),))
         e, h = await self.spool.create(self._sid(parent_inode), name, mode, _who(ctx))
         await self.spool.close(h, _who(ctx))
         return self._remember(e, self._attr(e))
@@ -285,6 +334,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> Any:
+        self._may(ctx, change=(self._sid(parent_inode),))
         e, h = await self.spool.create(self._sid(parent_inode), name, mode & ~ctx.umask,
                                        _who(ctx))
         attr = self._attr(e)
@@ -293,6 +343,11 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
         acc = flags & os.O_ACCMODE
+        if virtual.is_virtual(inode):
+            if acc != os.O_RDONLY or inode == virtual.DIR:
+                raise NotPermitted("MOUNT/.spool/ is read-only")
+            h = Handle(inode, None, self._render(inode), False)
+            return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True, keep_cache=False)
         h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
                                   bool(flags & os.O_TRUNC), _who(ctx))
         # Published content never changes: the page cache may keep it.
@@ -302,6 +357,8 @@ class Operations(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self._handles[fh]
         data = h.read(off, size)
+        if virtual.is_virtual(h.entry_id):
+            return data
         await self.spool.reading(h)  # a read keeps a claimed message's lease
         return data
 
@@ -326,6 +383,8 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def release(self, fh: int) -> None:
         h = self._handles.pop(fh)
+        if virtual.is_virtual(h.entry_id):
+            return
         await self.spool.close(h, Who())
 
     # ---- extended attributes ------------------------------------------------------------

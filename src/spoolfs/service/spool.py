@@ -26,12 +26,13 @@ from spoolfs.core.errors import (
 )
 from spoolfs.core.names import NAME_MAX, check_ident, check_message_name, is_staging_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
-from spoolfs.service import batches
+from spoolfs.service import batches, status
 from spoolfs.service.batches import MEMBER, is_batch, is_dir
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed
 from spoolfs.service.guard import DiskGuard
 from spoolfs.service.policies import Policies, check_fanout
+from spoolfs.service.roles import inherit
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,11 @@ class Spool:
             raise NotADirectory()
         return [e for e in self.r.children(parent) if not e.hidden]
 
+    def snapshot(self, only_queue: int | None = None) -> dict[str, Any]:
+        """What ``spoolfs status`` shows (DESIGN §7)."""
+        return status.snapshot(self.r, self.store_dir, self.policies.of, self.clock(),
+                               only_queue)
+
     def being_written(self, entry_id: int) -> bool:
         """Whether a writable handle on the entry is open through this daemon."""
         return entry_id in self._writers
@@ -170,12 +176,13 @@ class Spool:
         new = rules.decide_mkdir(self.dir_kind(p), p.state)
         ident = check_ident(name, new.value)
         now = self.clock()
-        dmode = stat.S_IFDIR | (mode & 0o7777)
+        gid, perm = inherit(p, who.gid, mode, is_dir=True)  # a setgid parent's group
+        dmode = stat.S_IFDIR | perm
 
         def fn(tx: WriteTx) -> Entry:
             if tx.lookup(parent, name) is not None:
                 raise Exists(f"{ident} exists")
-            common = dict(mode=dmode, uid=who.uid, gid=who.gid, mtime_ns=now, ctime_ns=now,
+            common = dict(mode=dmode, uid=who.uid, gid=gid, mtime_ns=now, ctime_ns=now,
                           created_ns=now)
             if new is DirKind.QUEUE:
                 q = tx.insert(parent=parent, name=name, kind="queue", **common)
@@ -202,12 +209,13 @@ class Spool:
                 raise NotADirectory()
             fields = dict(kind=MEMBER, queue=batches.check_mutable(self.r, p).queue)
         now = self.clock()
+        gid, perm = inherit(p, who.gid, mode, is_dir=True)
 
         def fn(tx: WriteTx) -> Entry:
             if tx.lookup(p.id, name) is not None:
                 raise Exists()
-            e = tx.insert(parent=p.id, name=name, mode=stat.S_IFDIR | (mode & 0o7777),
-                          uid=who.uid, gid=who.gid, mtime_ns=now, ctime_ns=now, created_ns=now,
+            e = tx.insert(parent=p.id, name=name, mode=stat.S_IFDIR | perm,
+                          uid=who.uid, gid=gid, mtime_ns=now, ctime_ns=now, created_ns=now,
                           **fields)
             if e.kind == "message":
                 tx.add_history(e.id, now, Action.UPLOAD.value, None, State.PARTIAL.value,
@@ -304,7 +312,8 @@ class Spool:
                 raise Exists()
             e = tx.insert(parent=parent, name=name, kind="message", queue=d.queue, state=state,
                           hidden=int(action is Action.DIRECT_PUBLISH), staged=1,
-                          mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid, gid=who.gid,
+                          mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid,
+                          gid=inherit(d, who.gid, mode, is_dir=False)[0],
                           mtime_ns=now, ctime_ns=now, created_ns=now)
             os.close(os.open(self.content.staging.path(e.id),
                              os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))
@@ -325,7 +334,8 @@ class Spool:
             if tx.lookup(d.id, name) is not None:
                 raise Exists()
             e = tx.insert(parent=d.id, name=name, kind=MEMBER, queue=root.queue, staged=1,
-                          mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid, gid=who.gid,
+                          mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid,
+                          gid=inherit(d, who.gid, mode, is_dir=False)[0],
                           mtime_ns=now, ctime_ns=now, created_ns=now)
             os.close(os.open(self.content.staging.path(e.id),
                              os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))

@@ -123,6 +123,18 @@ class ReadTx(abc.ABC):
         entered ``ready/`` at or after ``since_ns``: the original of a duplicate."""
 
     @abc.abstractmethod
+    def stats(self) -> list[tuple[Any, ...]]:
+        """Per queue, state and consumer view: (queue id, state, consumer, count, bytes,
+        oldest time, soonest lease end, abandoned, waiting for a retry). The oldest time is
+        the creation in partial/, the entry into ready/ (staging names left out), the claim in
+        working/, the finish in success/ and error/. Unpublished uploads are left out."""
+
+    @abc.abstractmethod
+    def uploads(self) -> list[tuple[int, int, str]]:
+        """(id, queue, state) of every visible message whose content is still a staging file
+        (its size is the file's, not the row's)."""
+
+    @abc.abstractmethod
     def sharing(self, blob_id: int, limit: int) -> list[int]:
         """Ids of entries referencing ``blob_id`` (at most ``limit``)."""
 

@@ -96,6 +96,21 @@ class SqliteRead(ReadTx):
             (blob_id, queue, besides, since_ns)).fetchone()
         return Entry.from_row(row) if row else None
 
+    def stats(self) -> list[tuple[Any, ...]]:
+        return self.conn.execute(
+            "SELECT queue, state, consumer, COUNT(*), COALESCE(SUM(size), 0), "
+            "MIN(CASE state WHEN 'partial' THEN created_ns "
+            "  WHEN 'ready' THEN (CASE WHEN substr(name, 1, 1) = X'2E' THEN NULL "
+            "                     ELSE enqueued_ns END) "
+            "  WHEN 'working' THEN claimed_ns ELSE finished_ns END), "
+            "MIN(lease_ns), SUM(abandoned), SUM(retry_ns IS NOT NULL) "
+            "FROM entries WHERE kind='message' AND hidden=0 "
+            "GROUP BY queue, state, consumer").fetchall()
+
+    def uploads(self) -> list[tuple[int, int, str]]:
+        return self.conn.execute("SELECT id, queue, state FROM entries WHERE staged=1 "
+                                 "AND kind='message' AND hidden=0").fetchall()
+
     def sharing(self, blob_id: int, limit: int) -> list[int]:
         return [r[0] for r in self.conn.execute(
             "SELECT id FROM entries WHERE blob=? LIMIT ?", (blob_id, limit))]

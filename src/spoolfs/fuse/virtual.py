@@ -1,0 +1,46 @@
+"""``MOUNT/.spool/``: read-only files made by the daemon on open — ``status`` (the JSON of
+``spoolfs status``) and ``metrics`` (Prometheus text). Not listed in the root, reachable by
+name; inode numbers far above any entry id."""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyfuse3
+
+DIR_NAME = b".spool"
+BASE = 1 << 62
+DIR = BASE
+FILES = {b"status": BASE + 1, b"metrics": BASE + 2}
+NAMES = {ino: name for name, ino in FILES.items()}
+
+
+def is_virtual(ino: int) -> bool:
+    return ino >= BASE
+
+
+def render(ino: int, snapshot: Callable[[], dict[str, Any]],
+           metrics: Callable[[dict[str, Any]], bytes]) -> bytes:
+    snap = snapshot()
+    if ino == FILES[b"status"]:
+        return json.dumps(snap, indent=1).encode() + b"\n"
+    return metrics(snap)
+
+
+def attr(ino: int, size: int = 0) -> pyfuse3.EntryAttributes:
+    a = pyfuse3.EntryAttributes()
+    a.st_ino = ino
+    a.entry_timeout = a.attr_timeout = 0  # made fresh at every open
+    if ino == DIR:
+        a.st_mode, a.st_nlink = stat.S_IFDIR | 0o555, 2
+    else:
+        a.st_mode, a.st_nlink = stat.S_IFREG | 0o444, 1
+        a.st_size = size
+    now = time.time_ns()
+    a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = now
+    a.st_blksize = 4096
+    return a

@@ -1,0 +1,164 @@
+"""Watching the spool (DESIGN §7): one snapshot of every queue, the checks of its thresholds,
+and the same figures as Prometheus metrics.
+
+The snapshot is plain data (JSON-ready); ``spoolfs status``, ``MOUNT/.spool/status``,
+``MOUNT/.spool/metrics`` and ``--metrics-listen`` all show the same one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
+
+from spoolfs.core.policy import DEFAULT, NS, Policy
+from spoolfs.core.rules import STATES
+from spoolfs.store.base import ReadTx
+
+PolicyOf = Any  # callable: queue id -> Policy
+
+
+def _age(now: int, ns: int | None) -> float | None:
+    return None if ns is None else round(max(now - ns, 0) / NS, 3)
+
+
+def snapshot(r: ReadTx, store_dir: str, policy_of: PolicyOf, now: int | None = None,
+             only_queue: int | None = None) -> dict[str, Any]:
+    now = time.time_ns() if now is None else now
+    st = os.statvfs(store_dir)
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    queues: dict[int, dict[str, Any]] = {}
+    names: dict[int, str] = {}
+    for q in r.children(1):
+        if q.kind != "queue" or (only_queue is not None and q.id != only_queue):
+            continue
+        names[q.id] = q.name.decode(errors="replace")
+        policy: Policy = policy_of(q.id)
+        queues[q.id] = {
+            "states": {s.value: {"count": 0, "bytes": 0, "oldest_age_s": None} for s in STATES},
+            "consumers": {},
+            "abandoned": 0,
+            "waiting_retry": 0,
+            "min_free_bytes": policy.min_free_bytes(total),
+            "thresholds": {k: v for k, v in policy.shown().items()
+                           if k.startswith("max_") or k == "min_free"},
+        }
+        working = next((c for c in r.children(q.id) if c.name == b"working"), None)
+        for c in r.children(working.id) if working is not None else []:
+            if c.kind == "consumer":
+                queues[q.id]["consumers"][c.name.decode(errors="replace")] = {
+                    "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None}
+    for qid, state, consumer, count, size, oldest, lease, abandoned, waiting in r.stats():
+        q = queues.get(qid)
+        if q is None:
+            continue
+        s = q["states"][state]
+        s["count"] += count
+        s["bytes"] += size
+        age = _age(now, oldest)
+        if age is not None and (s["oldest_age_s"] is None or age > s["oldest_age_s"]):
+            s["oldest_age_s"] = age
+        q["abandoned"] += abandoned or 0
+        q["waiting_retry"] += waiting or 0
+        if state == "working":
+            c = q["consumers"].setdefault(consumer or "", {
+                "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None})
+            c["in_flight"] += count
+            c["oldest_claim_age_s"] = age
+            c["next_lease_end_s"] = None if lease is None else round((lease - now) / NS, 3)
+    for eid, qid, state in r.uploads():  # sizes of uploads are their staging files'
+        if qid in queues:
+            try:
+                queues[qid]["states"][state]["bytes"] += os.stat(
+                    os.path.join(store_dir, "staging", str(eid))).st_size
+            except OSError:
+                pass
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / NS)),
+        "store": store_dir,
+        "disk": {"free_bytes": free, "total_bytes": total,
+                 "free_inodes": st.f_favail, "total_inodes": st.f_files},
+        "queues": {names[qid]: q for qid, q in sorted(queues.items(), key=lambda i: names[i[0]])},
+    }
+
+
+def problems(snap: dict[str, Any]) -> list[str]:
+    """The thresholds crossed (queue policies ``max_age.*``, ``max_error``,
+    ``max_working_per_consumer``, ``min_free``), one line each."""
+    out = []
+    free = snap["disk"]["free_bytes"]
+    for name, q in snap["queues"].items():
+        t = q["thresholds"]
+        for state in ("partial", "ready", "working"):
+            limit = t.get(f"max_age.{state}", "none")
+            age = q["states"][state]["oldest_age_s"]
+            if limit != "none" and age is not None:
+                limit_s = DEFAULT.with_values({f"max_age.{state}": limit}).get(
+                    f"max_age.{state}") / NS
+                if age > limit_s:
+                    out.append(f"{name}: oldest in {state}/ is {age:.0f}s old "
+                               f"(max_age.{state}={limit})")
+        if t.get("max_error", "none") != "none":
+            n = q["states"]["error"]["count"]
+            if n > int(t["max_error"]):
+                out.append(f"{name}: {n} message(s) in error/ (max_error={t['max_error']})")
+        if t.get("max_working_per_consumer", "none") != "none":
+            for c, info in q["consumers"].items():
+                if info["in_flight"] > int(t["max_working_per_consumer"]):
+                    out.append(f"{name}: consumer {c or '(working/ itself)'} holds "
+                               f"{info['in_flight']} (max_working_per_consumer="
+                               f"{t['max_working_per_consumer']})")
+        if free < q["min_free_bytes"]:
+            out.append(f"{name}: {free >> 20} MiB free on the store's disk, below min_free "
+                       f"({q['min_free_bytes'] >> 20} MiB): uploads are refused")
+    return out
+
+
+class _Collector:
+    def __init__(self, snap: dict[str, Any]) -> None:
+        self.snap = snap
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        s = self.snap
+        count = GaugeMetricFamily("spoolfs_messages", "Messages per queue and state",
+                                  labels=["queue", "state"])
+        size = GaugeMetricFamily("spoolfs_bytes", "Bytes of content per queue and state",
+                                 labels=["queue", "state"])
+        oldest = GaugeMetricFamily("spoolfs_oldest_age_seconds",
+                                   "Age of the oldest message per queue and state (ready: "
+                                   "the oldest claimable)", labels=["queue", "state"])
+        inflight = GaugeMetricFamily("spoolfs_consumer_in_flight",
+                                     "Messages claimed per consumer view",
+                                     labels=["queue", "consumer"])
+        abandoned = GaugeMetricFamily("spoolfs_abandoned", "Abandoned messages in error/",
+                                      labels=["queue"])
+        waiting = GaugeMetricFamily("spoolfs_waiting_retry", "Messages in error/ waiting for "
+                                    "a retry", labels=["queue"])
+        for name, q in s["queues"].items():
+            for state, v in q["states"].items():
+                count.add_metric([name, state], v["count"])
+                size.add_metric([name, state], v["bytes"])
+                oldest.add_metric([name, state], v["oldest_age_s"] or 0.0)
+            for c, info in q["consumers"].items():
+                inflight.add_metric([name, c], info["in_flight"])
+            abandoned.add_metric([name], q["abandoned"])
+            waiting.add_metric([name], q["waiting_retry"])
+        yield from (count, size, oldest, inflight, abandoned, waiting)
+        d = s["disk"]
+        yield GaugeMetricFamily("spoolfs_disk_free_bytes", "Free space on the store's disk",
+                                value=d["free_bytes"])
+        yield GaugeMetricFamily("spoolfs_disk_total_bytes", "Size of the store's disk",
+                                value=d["total_bytes"])
+        yield GaugeMetricFamily("spoolfs_disk_free_inodes", "Free inodes on the store's disk",
+                                value=d["free_inodes"])
+
+
+def metrics(snap: dict[str, Any]) -> bytes:
+    """The snapshot in the Prometheus text exposition format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(snap))  # type: ignore[arg-type]
+    return generate_latest(registry)
