@@ -68,7 +68,8 @@ def test_gc_removes_injected_orphans(mount: Mount, queue: Queue) -> None:
     row_file.write_bytes(data)
     loose = row_file.with_name(f"{sha.hex()}.{bid + 1000}")
     loose.write_bytes(data)
-    staging = store / "staging" / "999999"
+    staging = store / "staging" / f"{999999 >> 12:x}" / "999999"
+    staging.parent.mkdir(exist_ok=True)
     staging.write_bytes(b"left over")
 
     out = gc(store)  # default grace: the fresh files stay, the row goes

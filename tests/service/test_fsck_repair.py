@@ -213,6 +213,7 @@ async def test_orphan_staging_files_are_removed(env: Env) -> None:
     spool.write(h, 0, b"half")
     pub = await upload(spool, q[State.READY], b"published", b"done")
     staging = spool.content.staging
+    os.makedirs(os.path.dirname(staging.path(99999)), exist_ok=True)
     Path(staging.path(99999)).write_bytes(b"crash leftover")  # no entry at all
     Path(staging.path(pub)).write_bytes(b"stale")  # its message is published: not staged
 
@@ -363,6 +364,7 @@ async def test_every_kind_at_once_through_the_command_line(
     os.unlink(blob_path(spool, a))  # missing blob file
     os.truncate(blob_path(spool, b), 10)  # truncated blob file
     sql(store, "UPDATE blobs SET refcount = 5 WHERE id = ?", spool.get(c).blob)  # refcount
+    os.makedirs(os.path.dirname(spool.content.staging.path(77777)), exist_ok=True)
     Path(spool.content.staging.path(77777)).write_bytes(b"x")  # orphan staging file
     Path(spool.content.blobs.path(b"\xab" * 32, 4242)).parent.mkdir(parents=True, exist_ok=True)
     Path(spool.content.blobs.path(b"\xab" * 32, 4242)).write_bytes(b"x")  # orphan blob file

@@ -89,6 +89,7 @@ async def test_collect_removes_each_kind_and_nothing_live(env: Env) -> None:
     spool.write(h, 0, b"in progress")
     bid, row_file = leaked_row(store, spool, os.urandom(BIG))
     loose = orphan_file(spool, 5000)
+    os.makedirs(os.path.dirname(spool.content.staging.path(88888)), exist_ok=True)
     Path(spool.content.staging.path(88888)).write_bytes(b"left over")
 
     # now: the row goes (rows have no age), the fresh files stay

@@ -81,15 +81,49 @@ class BlobDir:
 
 
 class StagingDir:
+    """``staging/<bucket>/<entry id>``: the bucket is the id's high bits, so each directory
+    sees at most ``BUCKET`` creates and deletes. On ext4, creating files in a directory where
+    many were recently deleted gets many times slower (freed inodes are scanned past), and every
+    upload's staging file is deleted at publish; new buckets are new directories."""
+
+    BUCKET_BITS = 12
+
     def __init__(self, root: str) -> None:
         self.root = root
         os.makedirs(root, exist_ok=True)
+        self._made: set[int] = set()
+
+    def adopt_flat_layout(self) -> int:
+        """Move staging files of the older flat layout (``staging/<id>``) into their buckets
+        (at mount, before anything else uses them). Returns how many moved."""
+        moved = 0
+        for f in os.listdir(self.root):
+            if f.isdigit() and os.path.isfile(os.path.join(self.root, f)):
+                self._bucket(int(f))
+                os.replace(os.path.join(self.root, f), self.path(int(f)))
+                moved += 1
+        return moved
+
+    def _bucket(self, entry_id: int) -> str:
+        b = entry_id >> self.BUCKET_BITS
+        d = os.path.join(self.root, f"{b:x}")
+        if b not in self._made:
+            os.makedirs(d, exist_ok=True)
+            self._made.add(b)
+        return d
 
     def path(self, entry_id: int) -> str:
-        return os.path.join(self.root, str(entry_id))
+        return os.path.join(self.root, f"{entry_id >> self.BUCKET_BITS:x}", str(entry_id))
+
+    def create(self, entry_id: int) -> None:
+        """An empty staging file for a new upload (its bucket made on first use)."""
+        self._bucket(entry_id)
+        os.close(os.open(self.path(entry_id), os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))
 
     def open(self, entry_id: int, create: bool = False) -> int:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        if create:
+            self._bucket(entry_id)
         return os.open(self.path(entry_id), flags, 0o600)
 
     def touch(self, entry_id: int, mtime_ns: int) -> None:
@@ -108,7 +142,11 @@ class StagingDir:
 
     def ids(self) -> list[int]:
         out = []
-        for f in os.listdir(self.root):
-            if f.isdigit():
-                out.append(int(f))
+        for b in os.listdir(self.root):
+            d = os.path.join(self.root, b)
+            if not os.path.isdir(d):
+                continue
+            for f in os.listdir(d):
+                if f.isdigit():
+                    out.append(int(f))
         return out

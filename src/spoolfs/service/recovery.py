@@ -40,6 +40,8 @@ def _in_use(path: str) -> bool:
 def recover(spool: Spool) -> dict[str, int]:
     r, content = spool.r, spool.content
     counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blob_orphans": 0, "blobs_freed": 0}
+    if content.staging.adopt_flat_layout():
+        log.info("recovery: staging files moved into the bucketed layout")
     entries = r.all_entries()
 
     for e in entries:

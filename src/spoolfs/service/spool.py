@@ -315,8 +315,7 @@ class Spool:
                           mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid,
                           gid=inherit(d, who.gid, mode, is_dir=False)[0],
                           mtime_ns=now, ctime_ns=now, created_ns=now)
-            os.close(os.open(self.content.staging.path(e.id),
-                             os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))
+            self.content.staging.create(e.id)
             return e
 
         e = await self.tx(fn, durable=False)
@@ -337,8 +336,7 @@ class Spool:
                           mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid,
                           gid=inherit(d, who.gid, mode, is_dir=False)[0],
                           mtime_ns=now, ctime_ns=now, created_ns=now)
-            os.close(os.open(self.content.staging.path(e.id),
-                             os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))
+            self.content.staging.create(e.id)
             return e
 
         e = await self.tx(fn, durable=False)

@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
+from spoolfs.blobs import StagingDir
 from spoolfs.core.policy import DEFAULT, NS, Policy
 from spoolfs.core.rules import STATES
 from spoolfs.store.base import ReadTx
@@ -70,11 +71,12 @@ def snapshot(r: ReadTx, store_dir: str, policy_of: PolicyOf, now: int | None = N
             c["in_flight"] += count
             c["oldest_claim_age_s"] = age
             c["next_lease_end_s"] = None if lease is None else round((lease - now) / NS, 3)
+    staging = StagingDir(os.path.join(store_dir, "staging"))
     for eid, qid, state in r.uploads():  # sizes of uploads are their staging files'
         if qid in queues:
             try:
                 queues[qid]["states"][state]["bytes"] += os.stat(
-                    os.path.join(store_dir, "staging", str(eid))).st_size
+                    staging.path(eid)).st_size
             except OSError:
                 pass
     return {
