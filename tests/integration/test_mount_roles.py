@@ -47,7 +47,7 @@ def _exists(db: str, name: str) -> bool:
 @pytest.fixture(scope="module")
 def users() -> Iterator[None]:
     """Create the users and groups (idempotent); remove them at the end, unless another test
-    session still uses them (each holds a shared lock while it runs)."""
+    run still uses them (each holds a shared lock while it runs)."""
     with open(LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for g in GROUPS:
@@ -65,7 +65,7 @@ def users() -> Iterator[None]:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return  # another session still runs these tests: it removes them
+                return  # another test run still uses them: it removes them
             for name, _, _ in USERS:
                 subprocess.run(["userdel", name], capture_output=True)
             for g in GROUPS:
