@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, MountFactory, Queue, become_subreaper, fuse_problems
+from helpers import Mount, MountFactory, Procs, Queue, become_subreaper, fuse_problems
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
@@ -162,3 +162,11 @@ def open_dir() -> Iterator[Path]:
     d.chmod(0o755)
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    """Background shells of a test (``procs.sh(script, *args, cwd=...)``), killed at teardown."""
+    ps = Procs()
+    yield ps
+    ps.close()

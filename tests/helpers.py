@@ -652,3 +652,49 @@ def stop_foreground(proc: subprocess.Popen[bytes], mnt: Path) -> None:
             run(["fusermount3", "-u", "-z", mnt])
         proc.kill()
         proc.wait()
+
+
+class Procs:
+    """Background shells (each in its own process group), killed at teardown."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def sh(self, script: str, *args: object, cwd: Path) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(["sh", "-c", script, "sh", *map(str, args)], cwd=cwd,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+        self.started.append(p)
+        return p
+
+    @staticmethod
+    def kill(p: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+
+    def close(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                self.kill(p)
+            else:
+                p.communicate()
+
+
+def wait_open(p: subprocess.Popen[bytes], path: Path) -> None:
+    """Wait until process ``p`` (or a child of its shell) has ``path`` open, seen in /proc."""
+    def holds() -> bool:
+        if p.poll() is not None:
+            err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+            raise AssertionError(f"process {p.pid} exited ({p.returncode}) before opening "
+                                 f"{path}: {err}")
+        for fd in os.listdir(f"/proc/{p.pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{p.pid}/fd/{fd}") == str(path):
+                    return True
+            except FileNotFoundError:
+                continue
+        return False
+    wait_until(holds, timeout=10, what=f"process {p.pid} to open {path}")

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,6 +31,7 @@ import pytest
 from helpers import (
     Mount,
     MountFactory,
+    Procs,
     Queue,
     fails,
     finish_claimers,
@@ -44,6 +43,7 @@ from helpers import (
     snapshot,
     spoolfs_cli,
     start_claimers,
+    wait_open,
     wait_until,
     xattr_text,
 )
@@ -145,59 +145,6 @@ def source(tmp_path: Path, label: str, n: int, seed: int = 0) -> tuple[Path, dic
     root = tmp_path / label
     root.mkdir()
     return root, make_tree(root, n, seed=seed)
-
-
-class Procs:
-    """Background shells (each in its own process group), killed at teardown."""
-
-    def __init__(self) -> None:
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def sh(self, script: str, *args: object, cwd: Path) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(["sh", "-c", script, "sh", *map(str, args)], cwd=cwd,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
-        self.started.append(p)
-        return p
-
-    @staticmethod
-    def kill(p: subprocess.Popen[bytes]) -> None:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.communicate()
-
-    def close(self) -> None:
-        for p in self.started:
-            if p.poll() is None:
-                self.kill(p)
-            else:
-                p.communicate()
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    ps = Procs()
-    yield ps
-    ps.close()
-
-
-def wait_open(p: subprocess.Popen[bytes], path: Path) -> None:
-    """Wait until process ``p`` (or a child of its shell) has ``path`` open, seen in /proc."""
-    def holds() -> bool:
-        if p.poll() is not None:
-            err = p.stderr.read().decode(errors="replace") if p.stderr else ""
-            raise AssertionError(f"process {p.pid} exited ({p.returncode}) before opening "
-                                 f"{path}: {err}")
-        for fd in os.listdir(f"/proc/{p.pid}/fd"):
-            try:
-                if os.readlink(f"/proc/{p.pid}/fd/{fd}") == str(path):
-                    return True
-            except FileNotFoundError:
-                continue
-        return False
-    wait_until(holds, timeout=10, what=f"process {p.pid} to open {path}")
 
 
 # --------------------------------------------------------------------------- 1. all or nothing

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import pytest
 from helpers import (
     Mount,
     MountFactory,
+    Procs,
     Queue,
     fails,
     finish_claimers,
@@ -37,6 +36,7 @@ from helpers import (
     sha256,
     spoolfs_cli,
     start_claimers,
+    wait_open,
     wait_until,
     xattr_text,
 )
@@ -136,53 +136,6 @@ def spool_attr(path: Path, key: str) -> str:
 def blob_files(store: Path, data: bytes) -> list[str]:
     """The blob files of the store that hold ``data`` (content over the inline limit)."""
     return sorted(p.name for p in (store / "blobs").rglob(sha256(data) + "*"))
-
-
-class Procs:
-    """Shell processes started by a test (each in its own process group), killed at teardown."""
-
-    def __init__(self) -> None:
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def sh(self, script: str, *args: object, cwd: Path) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(["sh", "-c", script, "sh", *map(str, args)], cwd=cwd,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
-        self.started.append(p)
-        return p
-
-    def close(self) -> None:
-        for p in self.started:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.communicate()
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    ps = Procs()
-    yield ps
-    ps.close()
-
-
-def wait_open(p: subprocess.Popen[bytes], path: Path) -> None:
-    """Wait until process ``p`` has ``path`` open (checked in /proc, not by asking the mount)."""
-    def holds() -> bool:
-        try:
-            fds = os.listdir(f"/proc/{p.pid}/fd")
-        except FileNotFoundError:
-            raise AssertionError(f"process {p.pid} exited before opening {path}") from None
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{p.pid}/fd/{fd}") == str(path):
-                    return True
-            except FileNotFoundError:
-                continue
-        return False
-    wait_until(holds, timeout=10, what=f"process {p.pid} to open {path}")
 
 
 def lifecycle_wait(predicate: Callable[[], object], what: str, mount: Mount,

@@ -23,21 +23,13 @@ from spoolfs.core.rules import State
 from spoolfs.service import fsck as fsck_mod
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.fsck import Fsck
-from spoolfs.service.spool import Spool, Who
+from spoolfs.service.spool import Spool
 from spoolfs.store.sqlite import open_store
 
-WHO = Who(0, 0, 1)
+from test_spool import WHO, Q, content, upload
+
 BIG = INLINE_MAX * 2 + 123
 EMPTY = hashlib.sha256(b"").digest()
-
-
-class Q:
-    def __init__(self, spool: Spool, qid: int) -> None:
-        self.spool, self.id = spool, qid
-        self.dirs = {st: spool.lookup(qid, st.value.encode()).id for st in State}
-
-    def __getitem__(self, st: State) -> int:
-        return self.dirs[st]
 
 
 Env = tuple[Spool, Q, Path]
@@ -54,21 +46,6 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         spool.committer.close()
     store.close()
     assert Fsck(str(tmp_path)).run() == [], "fsck is not clean at the end of the test"
-
-
-async def upload(spool: Spool, d: int, name: bytes, data: bytes) -> int:
-    e, h = await spool.create(d, name, 0o644, WHO)
-    spool.write(h, 0, data)
-    await spool.close(h, WHO)
-    return e.id
-
-
-def content(spool: Spool, entry_id: int) -> bytes:
-    h = spool.content.open(spool.r, spool.get(entry_id), False)
-    try:
-        return h.read(0, 1 << 30)
-    finally:
-        h.close()
 
 
 def sql(store: Path, stmt: str, *args: object) -> list[tuple[object, ...]]:

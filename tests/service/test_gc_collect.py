@@ -17,10 +17,12 @@ from spoolfs.core.rules import State
 from spoolfs.service import gc
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.fsck import Fsck
-from spoolfs.service.spool import Spool, Who
+from spoolfs.service.spool import Spool
 from spoolfs.store.sqlite import open_store
 
-WHO = Who(0, 0, 1)
+from test_spool import WHO, upload
+from test_spool import content as read
+
 BIG = INLINE_MAX + 1000
 LATER = 3600 * gc.NS  # an hour on: every file made by the test is past the grace period
 
@@ -40,21 +42,6 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         spool.committer.close()
     store.close()
     assert Fsck(str(tmp_path)).run() == []
-
-
-async def upload(spool: Spool, d: int, name: bytes, data: bytes) -> int:
-    e, h = await spool.create(d, name, 0o644, WHO)
-    spool.write(h, 0, data)
-    await spool.close(h, WHO)
-    return e.id
-
-
-def read(spool: Spool, entry_id: int) -> bytes:
-    h = spool.content.open(spool.r, spool.get(entry_id), False)
-    try:
-        return h.read(0, 1 << 30)
-    finally:
-        h.close()
 
 
 def orphan_file(spool: Spool, bid: int, data: bytes = b"orphan") -> str:

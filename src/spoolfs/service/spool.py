@@ -305,16 +305,19 @@ class Spool:
         check_message_name(name)
         action = rules.decide_create(rules.kind_of(state, name))
         self.guard.check(self.policies.of(d.queue))
-        now = self.clock()
+        return await self._new_upload(d, name, mode, who, self.clock(), kind="message",
+                                      queue=d.queue, state=state,
+                                      hidden=int(action is Action.DIRECT_PUBLISH))
 
+    async def _new_upload(self, d: Entry, name: bytes, mode: int, who: Who, now: int,
+                          **fields: Any) -> tuple[Entry, Handle]:
+        """The row and the empty staging file of a new upload in ``d``, opened for writing."""
         def fn(tx: WriteTx) -> Entry:
-            if tx.lookup(parent, name) is not None:
+            if tx.lookup(d.id, name) is not None:
                 raise Exists()
-            e = tx.insert(parent=parent, name=name, kind="message", queue=d.queue, state=state,
-                          hidden=int(action is Action.DIRECT_PUBLISH), staged=1,
-                          mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid,
-                          gid=inherit(d, who.gid, mode, is_dir=False)[0],
-                          mtime_ns=now, ctime_ns=now, created_ns=now)
+            e = tx.insert(parent=d.id, name=name, staged=1, mode=stat.S_IFREG | (mode & 0o7777),
+                          uid=who.uid, gid=inherit(d, who.gid, mode, is_dir=False)[0],
+                          mtime_ns=now, ctime_ns=now, created_ns=now, **fields)
             self.content.staging.create(e.id)
             return e
 
@@ -327,20 +330,8 @@ class Spool:
         check_message_name(name)
         root = batches.check_mutable(self.r, d)
         self.guard.check(self.policies.of(root.queue))
-        now = self.clock()
-
-        def fn(tx: WriteTx) -> Entry:
-            if tx.lookup(d.id, name) is not None:
-                raise Exists()
-            e = tx.insert(parent=d.id, name=name, kind=MEMBER, queue=root.queue, staged=1,
-                          mode=stat.S_IFREG | (mode & 0o7777), uid=who.uid,
-                          gid=inherit(d, who.gid, mode, is_dir=False)[0],
-                          mtime_ns=now, ctime_ns=now, created_ns=now)
-            self.content.staging.create(e.id)
-            return e
-
-        e = await self.tx(fn, durable=False)
-        return e, self._open_handle(e, writable=True, who=who)
+        return await self._new_upload(d, name, mode, who, self.clock(), kind=MEMBER,
+                                      queue=root.queue)
 
     def _open_handle(self, e: Entry, writable: bool, who: Who) -> Handle:
         h = self.content.open(self.r, e, writable)
