@@ -698,3 +698,16 @@ def wait_open(p: subprocess.Popen[bytes], path: Path) -> None:
                 continue
         return False
     wait_until(holds, timeout=10, what=f"process {p.pid} to open {path}")
+
+
+def cli(*args: object) -> str:
+    """``spoolfs ARGS`` that must succeed; its stdout."""
+    res = spoolfs_cli(*map(str, args))
+    assert res.returncode == 0, (f"`spoolfs {' '.join(map(str, args))}` exited {res.returncode}: "
+                                 f"{res.stderr.decode(errors='replace').strip()}")
+    return res.stdout.decode()
+
+
+def blob_files(store: Path, data: bytes) -> list[str]:
+    """The blob files of the store that hold ``data`` (content over the inline limit)."""
+    return sorted(p.name for p in (store / "blobs").rglob(sha256(data) + "*"))

@@ -33,13 +33,14 @@ from helpers import (
     MountFactory,
     Procs,
     Queue,
+    blob_files,
+    cli,
     fails,
     finish_claimers,
     ls,
     ok,
     read,
     run,
-    sha256,
     snapshot,
     spoolfs_cli,
     start_claimers,
@@ -60,14 +61,6 @@ SPOOL = "user.spool."
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def cli(*args: object) -> str:
-    """``spoolfs ARGS`` that must succeed; its stdout."""
-    res = spoolfs_cli(*map(str, args))
-    assert res.returncode == 0, (f"`spoolfs {' '.join(map(str, args))}` exited {res.returncode}: "
-                                 f"{res.stderr.decode(errors='replace').strip()}")
-    return res.stdout.decode()
 
 
 def make_tree(root: Path, n: int = 50, *, seed: int = 0) -> dict[str, bytes]:
@@ -122,11 +115,6 @@ def actions(path: Path) -> list[str]:
 
 def history_lines(path: Path) -> list[str]:
     return [line for line in xattr_text(path, SPOOL + "history").splitlines() if line]
-
-
-def blob_files(store: Path, data: bytes) -> list[str]:
-    """The blob files of the store that hold ``data`` (content over the inline limit)."""
-    return sorted(p.name for p in (store / "blobs").rglob(sha256(data) + "*"))
 
 
 def build_batch(q: Queue, name: str, src: Path) -> Path:

@@ -24,6 +24,8 @@ from helpers import (
     MountFactory,
     Procs,
     Queue,
+    blob_files,
+    cli,
     fails,
     finish_claimers,
     listxattr,
@@ -33,7 +35,6 @@ from helpers import (
     one_line_error,
     read,
     setxattr,
-    sha256,
     spoolfs_cli,
     start_claimers,
     wait_open,
@@ -50,14 +51,6 @@ SPOOL = "user.spool."
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def cli(*args: object) -> str:
-    """``spoolfs ARGS`` that must succeed; its stdout."""
-    res = spoolfs_cli(*map(str, args))
-    assert res.returncode == 0, (f"`spoolfs {' '.join(map(str, args))}` exited {res.returncode}: "
-                                 f"{res.stderr.decode(errors='replace').strip()}")
-    return res.stdout.decode()
 
 
 def set_policy(queue: Path, *assignments: str) -> dict[str, str]:
@@ -131,11 +124,6 @@ def attrs(path: Path) -> set[str]:
 
 def spool_attr(path: Path, key: str) -> str:
     return xattr_text(path, SPOOL + key)
-
-
-def blob_files(store: Path, data: bytes) -> list[str]:
-    """The blob files of the store that hold ``data`` (content over the inline limit)."""
-    return sorted(p.name for p in (store / "blobs").rglob(sha256(data) + "*"))
 
 
 def lifecycle_wait(predicate: Callable[[], object], what: str, mount: Mount,

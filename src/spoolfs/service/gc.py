@@ -157,6 +157,25 @@ def sweep_blob_rows(conn: sqlite3.Connection, blobs: BlobDir, candidates: Iterab
         blobs.remove(sha, bid)
 
 
+def _remove_old(path: str, grace_ns: int, now_ns: int, report: Report, what: str) -> bool:
+    """Unlink an orphan file once it is older than the grace period; counts what it frees
+    (nothing when it is a second link, e.g. a published upload's staging file)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if _age_ns(st, now_ns) < grace_ns:
+        report.young += 1
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    report.bytes += st.st_size if st.st_nlink <= 1 else 0
+    report.lines.append(f"removed orphan {what} {path} ({st.st_size} bytes)")
+    return True
+
+
 def sweep_blob_files(conn: sqlite3.Connection, candidates: Iterable[tuple[str, bytes, int]],
                      grace_ns: int, now_ns: int, report: Report) -> None:
     """Remove blob files that no row names and that are older than the grace period, while
@@ -168,20 +187,8 @@ def sweep_blob_files(conn: sqlite3.Connection, candidates: Iterable[tuple[str, b
         for path, sha, bid in files:
             if _names_live_blob(conn, sha, bid):
                 continue
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if _age_ns(st, now_ns) < grace_ns:
-                report.young += 1
-                continue
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                continue
-            report.blob_files += 1
-            report.bytes += st.st_size if st.st_nlink <= 1 else 0
-            report.lines.append(f"removed orphan blob file {path} ({st.st_size} bytes)")
+            if _remove_old(path, grace_ns, now_ns, report, "blob file"):
+                report.blob_files += 1
 
 
 def sweep_staging(conn: sqlite3.Connection, staging: StagingDir, candidates: Iterable[int],
@@ -196,22 +203,8 @@ def sweep_staging(conn: sqlite3.Connection, staging: StagingDir, candidates: Ite
             row = conn.execute("SELECT staged FROM entries WHERE id=?", (sid,)).fetchone()
             if row is not None and row[0]:
                 continue
-            path = staging.path(sid)
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if _age_ns(st, now_ns) < grace_ns:
-                report.young += 1
-                continue
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                continue
-            report.staging_files += 1
-            # a published upload's staging file is a second link of its blob file: no space
-            report.bytes += st.st_size if st.st_nlink <= 1 else 0
-            report.lines.append(f"removed orphan staging file {path} ({st.st_size} bytes)")
+            if _remove_old(staging.path(sid), grace_ns, now_ns, report, "staging file"):
+                report.staging_files += 1
 
 
 # --------------------------------------------------------------------------- collection
