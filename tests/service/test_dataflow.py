@@ -8,16 +8,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import trio
 
 from spoolfs.core.errors import Exists, Invalid, NoSubscriber
 from spoolfs.core.rules import State
 from spoolfs.service.content import INLINE_MAX
-from spoolfs.service.fsck import Fsck
 from spoolfs.service.spool import Spool
 from spoolfs.store.sqlite import open_store
 
-from test_spool import WHO, Q, content, upload
+from test_spool import WHO, Q, content, running, upload
 
 
 class Env:
@@ -49,14 +47,8 @@ class Env:
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    store = open_store(str(tmp_path))
-    spool = Spool(store, str(tmp_path))
-    async with trio.open_nursery() as n:
-        await n.start(spool.committer.run)
+    async with running(tmp_path) as spool:
         yield Env(spool)
-        spool.committer.close()
-    store.close()
-    assert Fsck(str(tmp_path)).run() == []
 
 
 @pytest.mark.parametrize("size", [10, INLINE_MAX + 1])

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import trio
 
 from spoolfs.cli import main as cli
 from spoolfs.core.rules import State
@@ -24,9 +23,8 @@ from spoolfs.service import fsck as fsck_mod
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.spool import Spool
-from spoolfs.store.sqlite import open_store
 
-from test_spool import WHO, Q, content, upload
+from test_spool import WHO, Q, content, running, upload
 
 BIG = INLINE_MAX * 2 + 123
 EMPTY = hashlib.sha256(b"").digest()
@@ -37,15 +35,9 @@ Env = tuple[Spool, Q, Path]
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    store = open_store(str(tmp_path))
-    spool = Spool(store, str(tmp_path))
-    async with trio.open_nursery() as n:
-        await n.start(spool.committer.run)
+    async with running(tmp_path) as spool:
         qe = await spool.mkdir(1, b"q", 0o755, WHO)
         yield spool, Q(spool, qe.id), tmp_path
-        spool.committer.close()
-    store.close()
-    assert Fsck(str(tmp_path)).run() == [], "fsck is not clean at the end of the test"
 
 
 def sql(store: Path, stmt: str, *args: object) -> list[tuple[object, ...]]:

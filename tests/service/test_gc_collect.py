@@ -16,11 +16,9 @@ import trio
 from spoolfs.core.rules import State
 from spoolfs.service import gc
 from spoolfs.service.content import INLINE_MAX
-from spoolfs.service.fsck import Fsck
 from spoolfs.service.spool import Spool
-from spoolfs.store.sqlite import open_store
 
-from test_spool import WHO, upload
+from test_spool import WHO, running, upload
 from test_spool import content as read
 
 BIG = INLINE_MAX + 1000
@@ -32,16 +30,10 @@ Env = tuple[Spool, dict[State, int], Path]
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    store = open_store(str(tmp_path))
-    spool = Spool(store, str(tmp_path))
-    async with trio.open_nursery() as n:
-        await n.start(spool.committer.run)
+    async with running(tmp_path) as spool:
         qe = await spool.mkdir(1, b"q", 0o755, WHO)
         dirs = {st: spool.lookup(qe.id, st.value.encode()).id for st in State}
         yield spool, dirs, tmp_path
-        spool.committer.close()
-    store.close()
-    assert Fsck(str(tmp_path)).run() == []
 
 
 def orphan_file(spool: Spool, bid: int, data: bytes = b"orphan") -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,18 +30,25 @@ class Q:
         return self.dirs[st]
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path) -> AsyncIterator[Spool]:
+    """A spool on a store in ``tmp_path`` with its committer running; fsck must be clean
+    once it is closed."""
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
     async with trio.open_nursery() as n:
         await n.start(spool.committer.run)
-        qe = await spool.mkdir(1, b"q", 0o755, WHO)
-        yield spool, Q(spool, qe.id)
+        yield spool
         spool.committer.close()
     store.close()
-    problems = Fsck(str(tmp_path)).run()
-    assert problems == []
+    assert Fsck(str(tmp_path)).run() == [], "fsck is not clean at the end of the test"
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
+    async with running(tmp_path) as spool:
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        yield spool, Q(spool, qe.id)
 
 
 async def upload(spool: Spool, d: int, name: bytes, data: bytes) -> int:
