@@ -24,6 +24,8 @@ from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Entry
 from spoolfs.store.sqlite import open_store
 
+from test_spool import Q
+
 WHO = Who(0, 0, 1)
 T0 = 1_700_000_000 * NS
 MIN = 60 * NS
@@ -41,15 +43,6 @@ class Clock:
     def advance(self, ns: int) -> int:
         self.t += ns
         return self.t
-
-
-class Q:
-    def __init__(self, spool: Spool, qid: int) -> None:
-        self.spool, self.id = spool, qid
-        self.dirs = {st: spool.lookup(qid, st.value.encode()).id for st in State}
-
-    def __getitem__(self, st: State) -> int:
-        return self.dirs[st]
 
 
 @dataclass
