@@ -17,6 +17,7 @@ from spoolfs.core.errors import SpoolError, StoreFailure
 from spoolfs.core.rules import State
 from spoolfs.store import schema
 from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, StoreBusy, WriteTx
+from spoolfs.store.private import FILE_MODE, make_store_dir
 
 log = logging.getLogger(__name__)
 
@@ -327,5 +328,8 @@ class SqliteStore(Store):
 
 
 def open_store(store_dir: str) -> SqliteStore:
-    os.makedirs(store_dir, exist_ok=True)
-    return SqliteStore(os.path.join(store_dir, "meta.db"))
+    make_store_dir(store_dir)
+    db = os.path.join(store_dir, "meta.db")
+    # Made owner-only before SQLite opens it: its -wal and -shm files take the database's mode.
+    os.close(os.open(db, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
+    return SqliteStore(db)
