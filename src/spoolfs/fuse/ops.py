@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
+import trio
 
 from spoolfs.core.errors import NotFound, NotPermitted, SpoolError
-from spoolfs.fuse import virtual
+from spoolfs.fuse import procinfo, virtual
 from spoolfs.service import status
 from spoolfs.service.content import Handle
 from spoolfs.service.roles import Gate
@@ -369,10 +370,20 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def flush(self, fh: int) -> None:
         # close(2) waits for FLUSH but not for RELEASE. FLUSH also comes when a child closes
-        # an inherited copy (at exec), so publish only once the opener holds it no more.
+        # an inherited copy (at exec or exit), and once per closed duplicate (a shell's
+        # redirection): only the opener's last close publishes. A process that is exiting is
+        # still in /proc while the kernel closes its files: whether a writer finished is
+        # known now, and never later (procinfo.py).
         h = self._handles[fh]
-        if self.spool.awaits_publish(h) and not _holds(h.opener, self._ino(h.entry_id)):
-            await self.spool.publish_at_close(h, Who(pid=h.opener))
+        if not self.spool.awaits_publish(h):
+            return
+        holds = _holds(h.opener, self._ino(h.entry_id))
+        why = await trio.to_thread.run_sync(procinfo.unfinished, h.opener, holds)
+        if holds:
+            if why is not None:
+                self.spool.writer_failed(h, why)
+            return
+        await self.spool.publish_at_close(h, Who(pid=h.opener), why)
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -1,0 +1,98 @@
+"""What the kernel says about a process that made a request: is it ending, and how.
+
+pyfuse3 gives ``flush`` and ``release`` no request context, so a handle remembers the pid of
+the process that opened it. While the kernel closes the files of a process that is exiting
+(killed by a signal, or after ``exit``), that process is still in ``/proc/PID/stat`` with
+``PF_EXITING`` in its flags and its wait status in ``exit_code``: whether it finished is known
+at the moment its last descriptor closes. Reading /proc never calls back into this file system.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+#: ``PF_EXITING`` (include/linux/sched.h): the task is in do_exit()
+PF_EXITING = 0x4
+#: field numbers of proc_pid_stat(5), counted from 1
+_FLAGS = 9
+_EXIT_CODE = 52
+
+
+def _fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` numbered from 3 on (state, ppid, ...), or None when the
+    process is gone. The command name (field 2) may hold spaces and parentheses: the fields
+    start after the last ``)``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    _, sep, rest = raw.rpartition(b")")
+    if not sep:
+        return None
+    return rest.decode("ascii", "replace").split()
+
+
+def exit_status(pid: int) -> int | None:
+    """The wait status (as ``waitpid`` reports it) of process ``pid`` while it is exiting;
+    None while it runs, or when it is gone or unreadable (another user's process, seen by a
+    daemon that is not root: /proc shows 0 then, which reads as a clean exit)."""
+    if pid <= 0:
+        return None
+    fields = _fields(pid)
+    if fields is None or len(fields) < _EXIT_CODE - 2:
+        return None
+    try:
+        flags = int(fields[_FLAGS - 3])
+        code = int(fields[_EXIT_CODE - 3])
+    except ValueError:
+        return None
+    return code if flags & PF_EXITING else None
+
+
+def _exiting_child(pid: int) -> tuple[int, int] | None:
+    """A child of ``pid`` that is exiting unsuccessfully: (its pid, its wait status)."""
+    want = str(pid)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _fields(int(name))
+        if fields is None or len(fields) < _EXIT_CODE - 2 or fields[1] != want:  # ppid
+            continue
+        status = exit_status(int(name))
+        if status:
+            return int(name), status
+    return None
+
+
+def unfinished(opener: int, holds: bool) -> str | None:
+    """Why a writer of a file opened by ``opener`` did not finish, as the kernel closes a
+    descriptor of it; None when nothing says so.
+
+    ``holds``: whether the opener still has a descriptor on the file. If not, the opener is
+    the one closing: it did not finish when it is exiting killed or with a non-zero status.
+    If it does, a process that inherited a copy is closing it: a shell opens ``> ready/f``
+    itself (dash does, then vforks the command), so the command is its child; a child of
+    the opener that is exiting unsuccessfully at this moment did not finish. (Children are
+    found by scanning /proc: this kernel has no /proc/PID/task/TID/children.)
+    """
+    if not holds:
+        status = exit_status(opener)
+        return describe(status) if status else None
+    child = _exiting_child(opener)
+    if child is None:
+        return None
+    return f"(pid {child[0]}, holding a copy of the descriptor) {describe(child[1])}"
+
+
+def describe(status: int) -> str:
+    """``was killed by SIGKILL`` or ``exited with status 3``."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"was killed by {name}"
+    return f"exited with status {os.WEXITSTATUS(status)}"
