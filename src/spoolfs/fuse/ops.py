@@ -218,9 +218,22 @@ class Operations(pyfuse3.Operations):
         if e is None:
             gone = self._gone.get(sid)
             if gone is not None:
-                return gone
+                return self._still_written(sid, gone)
             raise NotFound()
         return self._attr(e)
+
+    def _still_written(self, sid: int, gone: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
+        """An unlinked upload still open takes writes (POSIX): its size and time are its
+        staging file's, which the open descriptor keeps."""
+        for h in self._handles.values():
+            if h.entry_id == sid and not virtual.is_virtual(sid):
+                now = h.staged_size_and_mtime()
+                if now is not None:
+                    gone.st_size, gone.st_mtime_ns = now
+                    gone.st_atime_ns = gone.st_mtime_ns
+                    gone.st_blocks = (gone.st_size + 511) // 512
+                    break
+        return gone
 
     @_guard
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
