@@ -142,6 +142,27 @@ def test_python_os_exit_3_leaves_partial(fresh_queue: Callable[[], Queue]) -> No
     assert read(q.partial / "f") == b"x"
 
 
+def test_thread_of_a_failing_process_leaves_partial(fresh_queue: Callable[[], Queue]) -> None:
+    """FUSE names the thread that opened the file, which may be gone before the process's
+    last thread closes it: the process's end decides."""
+    q = fresh_queue()
+    script = ("import os, sys, threading, time\n"
+              "files = []\n"
+              "def writer():\n"
+              "    files.append(open(sys.argv[1], 'w'))\n"
+              "    files[0].write('x'); files[0].flush()\n"
+              "t = threading.Thread(target=writer)\n"
+              "t.start(); t.join()\n"
+              # the opening thread is gone from /proc, its file still open
+              "while os.path.exists(f'/proc/self/task/{t.native_id}'):\n"
+              "    time.sleep(0.01)\n"
+              "os._exit(4)\n")
+    res = run(["python3", "-c", script, str(q.ready / "f")])
+    assert res.returncode == 4
+    assert ls(q.ready) == []
+    assert read(q.partial / "f") == b"x"
+
+
 def test_writers_that_finish_still_publish(fresh_queue: Callable[[], Queue]) -> None:
     q = fresh_queue()
     src = q.source(b"copied\n")

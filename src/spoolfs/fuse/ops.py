@@ -345,12 +345,19 @@ class Operations(pyfuse3.Operations):
         self._handles[fh] = h
         return fh
 
+    def _watch_opener(self, h: Handle) -> None:
+        """A handle whose close may publish remembers its opener's process rather than the
+        thread that opened it: ``flush`` reads how that process ends (procinfo.py)."""
+        if self.spool.awaits_publish(h):
+            h.opener = procinfo.process_of(h.opener)
+
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> Any:
         self._may(ctx, change=(self._sid(parent_inode),))
         e, h = await self.spool.create(self._sid(parent_inode), name, mode & ~ctx.umask,
                                        _who(ctx))
+        self._watch_opener(h)
         attr = self._attr(e)
         return pyfuse3.FileInfo(fh=self._new_fh(h)), self._remember(e, attr)
 
@@ -364,6 +371,7 @@ class Operations(pyfuse3.Operations):
             return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True, keep_cache=False)
         h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
                                   bool(flags & os.O_TRUNC), _who(ctx))
+        self._watch_opener(h)
         # Published content never changes: the page cache may keep it.
         return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed)
 

@@ -19,6 +19,19 @@ _FLAGS = 9
 _EXIT_CODE = 52
 
 
+def process_of(tid: int) -> int:
+    """The process (thread group) of thread ``tid``, as FUSE names a caller by its thread: a
+    thread may be gone long before its process's files are closed, its process not. ``tid``
+    itself when /proc cannot tell."""
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            raw = f.read()
+        start = raw.index(b"\nTgid:") + 6
+        return int(raw[start:raw.index(b"\n", start)])
+    except (OSError, ValueError):
+        return tid
+
+
 def _fields(pid: int) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` numbered from 3 on (state, ppid, ...), or None when the
     process is gone. The command name (field 2) may hold spaces and parentheses: the fields
