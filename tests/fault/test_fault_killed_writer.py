@@ -132,14 +132,20 @@ def test_command_of_a_shell_killed_mid_write_leaves_partial(
     assert "SIGKILL" in xattr_text(q.partial / "out", "user.spool.history")
 
 
+def python_writer_leaves_x_in_partial(q: Queue, script: str, status: int) -> None:
+    """Run ``script`` writing ``x`` into ``ready/f``; it exits ``status``: ``f`` is left in
+    ``partial/``."""
+    res = run(["python3", "-c", script, str(q.ready / "f")])
+    assert res.returncode == status
+    assert ls(q.ready) == []
+    assert read(q.partial / "f") == b"x"
+
+
 def test_python_os_exit_3_leaves_partial(fresh_queue: Callable[[], Queue]) -> None:
     q = fresh_queue()
     script = ("import os, sys; f = open(sys.argv[1], 'w'); f.write('x'); f.flush(); "
               "os._exit(3)")
-    res = run(["python3", "-c", script, str(q.ready / "f")])
-    assert res.returncode == 3
-    assert ls(q.ready) == []
-    assert read(q.partial / "f") == b"x"
+    python_writer_leaves_x_in_partial(q, script, 3)
 
 
 def test_thread_of_a_failing_process_leaves_partial(fresh_queue: Callable[[], Queue]) -> None:
@@ -157,10 +163,7 @@ def test_thread_of_a_failing_process_leaves_partial(fresh_queue: Callable[[], Qu
               "while os.path.exists(f'/proc/self/task/{t.native_id}'):\n"
               "    time.sleep(0.01)\n"
               "os._exit(4)\n")
-    res = run(["python3", "-c", script, str(q.ready / "f")])
-    assert res.returncode == 4
-    assert ls(q.ready) == []
-    assert read(q.partial / "f") == b"x"
+    python_writer_leaves_x_in_partial(q, script, 4)
 
 
 def test_writers_that_finish_still_publish(fresh_queue: Callable[[], Queue]) -> None:

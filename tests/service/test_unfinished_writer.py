@@ -3,6 +3,8 @@ service side of the decision the FUSE layer reads from /proc, on a real store.""
 
 from __future__ import annotations
 
+import pytest
+
 from spoolfs.core.rules import State
 from spoolfs.service.spool import Spool
 
@@ -15,16 +17,20 @@ def history(spool: Spool, entry_id: int) -> list[tuple[str, str]]:
     return [(h[1], h[-1] or "") for h in spool.r.history(entry_id)]
 
 
-async def test_unfinished_opener_leaves_its_bytes_in_partial(env: tuple[Spool, Q]) -> None:
+@pytest.mark.parametrize("unfinished", [KILLED, None])
+async def test_only_a_finished_opener_publishes(env: tuple[Spool, Q],
+                                                unfinished: str | None) -> None:
     spool, q = env
     e, h = await spool.create(q[State.READY], b"f", 0o644, WHO)
-    spool.write(h, 0, b"half")
-    await spool.publish_at_close(h, WHO, KILLED)
+    spool.write(h, 0, b"data")
+    await spool.publish_at_close(h, WHO, unfinished)
     await spool.close(h, WHO)
-    assert [m.name for m in spool.listdir(q[State.READY])] == []
-    moved = spool.lookup(q[State.PARTIAL], b"f")
-    assert moved.id == e.id and content(spool, e.id) == b"half"
-    assert ("refused", f"its writer {KILLED}") in history(spool, e.id)
+    at, not_at = (State.READY, State.PARTIAL) if unfinished is None \
+        else (State.PARTIAL, State.READY)
+    assert spool.listdir(q[not_at]) == []
+    assert spool.lookup(q[at], b"f").id == e.id and content(spool, e.id) == b"data"
+    if unfinished is not None:
+        assert ("refused", f"its writer {KILLED}") in history(spool, e.id)
 
 
 async def test_a_failed_copy_holder_keeps_it_back_until_the_last_close(
@@ -43,12 +49,3 @@ async def test_a_failed_copy_holder_keeps_it_back_until_the_last_close(
     assert [m.name for m in spool.listdir(q[State.PARTIAL])] == [b"f"]
     assert spool.listdir(q[State.READY]) == []
 
-
-async def test_finished_opener_publishes(env: tuple[Spool, Q]) -> None:
-    spool, q = env
-    e, h = await spool.create(q[State.READY], b"f", 0o644, WHO)
-    spool.write(h, 0, b"whole")
-    await spool.publish_at_close(h, WHO, None)
-    await spool.close(h, WHO)
-    assert [m.name for m in spool.listdir(q[State.READY])] == [b"f"]
-    assert content(spool, e.id) == b"whole"
