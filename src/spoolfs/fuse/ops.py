@@ -225,8 +225,10 @@ class Operations(pyfuse3.Operations):
     def _still_written(self, sid: int, gone: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
         """An unlinked upload still open takes writes (POSIX): its size and time are its
         staging file's, which the open descriptor keeps."""
+        if virtual.is_virtual(sid):
+            return gone
         for h in self._handles.values():
-            if h.entry_id == sid and not virtual.is_virtual(sid):
+            if h.entry_id == sid:
                 now = h.staged_size_and_mtime()
                 if now is not None:
                     gone.st_size, gone.st_mtime_ns = now

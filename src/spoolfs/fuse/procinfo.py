@@ -47,13 +47,7 @@ def _fields(pid: int) -> list[str] | None:
     return rest.decode("ascii", "replace").split()
 
 
-def exit_status(pid: int) -> int | None:
-    """The wait status (as ``waitpid`` reports it) of process ``pid`` while it is exiting;
-    None while it runs, or when it is gone or unreadable (another user's process, seen by a
-    daemon that is not root: /proc shows 0 then, which reads as a clean exit)."""
-    if pid <= 0:
-        return None
-    fields = _fields(pid)
+def _status(fields: list[str] | None) -> int | None:
     if fields is None or len(fields) < _EXIT_CODE - 2:
         return None
     try:
@@ -64,16 +58,24 @@ def exit_status(pid: int) -> int | None:
     return code if flags & PF_EXITING else None
 
 
+def exit_status(pid: int) -> int | None:
+    """The wait status (as ``waitpid`` reports it) of process ``pid`` while it is exiting;
+    None while it runs, or when it is gone or unreadable (another user's process, seen by a
+    daemon that is not root: /proc shows 0 then, which reads as a clean exit)."""
+    return _status(_fields(pid)) if pid > 0 else None
+
+
 def _exiting_child(pid: int) -> tuple[int, int] | None:
-    """A child of ``pid`` that is exiting unsuccessfully: (its pid, its wait status)."""
+    """A child of ``pid`` that is exiting unsuccessfully and has not finished exiting (a
+    zombie closed its files long ago): (its pid, its wait status)."""
     want = str(pid)
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         fields = _fields(int(name))
-        if fields is None or len(fields) < _EXIT_CODE - 2 or fields[1] != want:  # ppid
+        if fields is None or fields[1] != want or fields[0] in ("Z", "X"):  # ppid, state
             continue
-        status = exit_status(int(name))
+        status = _status(fields)
         if status:
             return int(name), status
     return None
