@@ -22,7 +22,8 @@ def test_a_name_with_spaces_and_parentheses_does_not_shift_the_fields(tmp_path: 
         fields = procinfo._fields(p.pid)
         assert fields is not None and fields[1] == str(os.getpid())  # its parent: us
         assert procinfo.exit_status(p.pid) is None  # running
-        assert procinfo.unfinished(os.getpid(), holds=True) is None  # no child is ending
+        assert procinfo.child_unfinished(os.getpid()) is None  # no child is ending
+        assert procinfo.opener_unfinished(p.pid) is None
     finally:
         p.kill()
         p.wait()

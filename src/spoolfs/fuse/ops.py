@@ -400,13 +400,13 @@ class Operations(pyfuse3.Operations):
         h = self._handles[fh]
         if not self.spool.awaits_publish(h):
             return
-        holds = _holds(h.opener, self._ino(h.entry_id))
-        why = await trio.to_thread.run_sync(procinfo.unfinished, h.opener, holds)
-        if holds:
+        if _holds(h.opener, self._ino(h.entry_id)):
+            why = await trio.to_thread.run_sync(procinfo.child_unfinished, h.opener)
             if why is not None:
                 self.spool.writer_failed(h, why)
             return
-        await self.spool.publish_at_close(h, Who(pid=h.opener), why)
+        await self.spool.publish_at_close(h, Who(pid=h.opener),
+                                          procinfo.opener_unfinished(h.opener))
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -81,20 +81,19 @@ def _exiting_child(pid: int) -> tuple[int, int] | None:
     return None
 
 
-def unfinished(opener: int, holds: bool) -> str | None:
-    """Why a writer of a file opened by ``opener`` did not finish, as the kernel closes a
-    descriptor of it; None when nothing says so.
+def opener_unfinished(opener: int) -> str | None:
+    """The opener is closing its last descriptor on a file: why it did not finish (it is
+    exiting killed or with a non-zero status), or None. One read of /proc/PID/stat."""
+    status = exit_status(opener)
+    return describe(status) if status else None
 
-    ``holds``: whether the opener still has a descriptor on the file. If not, the opener is
-    the one closing: it did not finish when it is exiting killed or with a non-zero status.
-    If it does, a process that inherited a copy is closing it: a shell opens ``> ready/f``
-    itself (dash does, then vforks the command), so the command is its child; a child of
-    the opener that is exiting unsuccessfully at this moment did not finish. (Children are
-    found by scanning /proc: this kernel has no /proc/PID/task/TID/children.)
-    """
-    if not holds:
-        status = exit_status(opener)
-        return describe(status) if status else None
+
+def child_unfinished(opener: int) -> str | None:
+    """The opener still holds the file, so a process that inherited a copy is closing it:
+    why that one did not finish, or None. A shell opens ``> ready/f`` itself (dash does,
+    then vforks the command), so the command is the opener's child; a child exiting
+    unsuccessfully at this moment is taken for the one closing. Scans /proc (this kernel has
+    no /proc/PID/task/TID/children): run it off the event loop."""
     child = _exiting_child(opener)
     if child is None:
         return None
