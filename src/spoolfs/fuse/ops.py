@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
+import trio
 
 from spoolfs.core.errors import NotFound, NotPermitted, SpoolError
-from spoolfs.fuse import virtual
+from spoolfs.fuse import procinfo, virtual
 from spoolfs.service import status
 from spoolfs.service.content import Handle
 from spoolfs.service.roles import Gate
@@ -223,9 +224,24 @@ class Operations(pyfuse3.Operations):
         if e is None:
             gone = self._gone.get(sid)
             if gone is not None:
-                return gone
+                return self._still_written(sid, gone)
             raise NotFound()
         return self._attr(e)
+
+    def _still_written(self, sid: int, gone: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
+        """An unlinked upload still open takes writes (POSIX): its size and time are its
+        staging file's, which the open descriptor keeps."""
+        if virtual.is_virtual(sid):
+            return gone
+        for h in self._handles.values():
+            if h.entry_id == sid:
+                now = h.staged_size_and_mtime()
+                if now is not None:
+                    gone.st_size, gone.st_mtime_ns = now
+                    gone.st_atime_ns = gone.st_mtime_ns
+                    gone.st_blocks = (gone.st_size + 511) // 512
+                    break
+        return gone
 
     @_guard
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
@@ -337,12 +353,19 @@ class Operations(pyfuse3.Operations):
         self._handles[fh] = h
         return fh
 
+    def _watch_opener(self, h: Handle) -> None:
+        """A handle whose close may publish remembers its opener's process rather than the
+        thread that opened it: ``flush`` reads how that process ends (procinfo.py)."""
+        if self.spool.awaits_publish(h):
+            h.opener = procinfo.process_of(h.opener)
+
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> Any:
         self._may(ctx, change=(self._sid(parent_inode),))
         e, h = await self.spool.create(self._sid(parent_inode), name, mode & ~ctx.umask,
                                        _who(ctx))
+        self._watch_opener(h)
         attr = self._attr(e)
         return pyfuse3.FileInfo(fh=self._new_fh(h)), self._remember(e, attr)
 
@@ -356,6 +379,7 @@ class Operations(pyfuse3.Operations):
             return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True, keep_cache=False)
         h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
                                   bool(flags & os.O_TRUNC), _who(ctx))
+        self._watch_opener(h)
         # Published content never changes: the page cache may keep it.
         return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed)
 
@@ -375,10 +399,20 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def flush(self, fh: int) -> None:
         # close(2) waits for FLUSH but not for RELEASE. FLUSH also comes when a child closes
-        # an inherited copy (at exec), so publish only once the opener holds it no more.
+        # an inherited copy (at exec or exit), and once per closed duplicate (a shell's
+        # redirection): only the opener's last close publishes. A process that is exiting is
+        # still in /proc while the kernel closes its files: whether a writer finished is
+        # known now, and never later (procinfo.py).
         h = self._handles[fh]
-        if self.spool.awaits_publish(h) and not _holds(h.opener, self._ino(h.entry_id)):
-            await self.spool.publish_at_close(h, Who(pid=h.opener))
+        if not self.spool.awaits_publish(h):
+            return
+        if _holds(h.opener, self._ino(h.entry_id)):
+            why = await trio.to_thread.run_sync(procinfo.child_unfinished, h.opener)
+            if why is not None:
+                self.spool.writer_failed(h, why)
+            return
+        await self.spool.publish_at_close(h, Who(pid=h.opener),
+                                          procinfo.opener_unfinished(h.opener))
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -62,6 +62,14 @@ class Handle:
                 raise NoSpace("store disk full") from e
             raise StoreFailure(f"staging write failed: {e}") from e
 
+    def staged_size_and_mtime(self) -> tuple[int, int] | None:
+        """Size and modification time of an upload's staging file as this handle sees it
+        (the file may be unlinked already: the descriptor keeps it); None for sealed content."""
+        if self.fd is None or self.sealed:
+            return None
+        st = os.fstat(self.fd)
+        return st.st_size, st.st_mtime_ns
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)

@@ -85,6 +85,8 @@ class Spool:
         self.policies = Policies(self.r)
         self.guard = DiskGuard(store_dir)
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
+        #: uploads whose writer did not finish (killed, exited non-zero) -> why: never published
+        self._unfinished: dict[int, str] = {}
         #: called with (parent, name) when the lifecycle moves or purges a message, so that the
         #: kernel drops a name it may have cached
         self.on_gone: Callable[[int, bytes], None] = lambda parent, name: None
@@ -371,19 +373,38 @@ class Spool:
             os.close(fd)
 
     def awaits_publish(self, h: Handle) -> bool:
-        """Whether closing ``h`` would publish an upload into ``ready/``."""
-        if not h.writable or h.done or self._writers.get(h.entry_id, 0) > 1:
+        """Whether ``h`` writes an upload into ``ready/`` that has not appeared yet."""
+        if not h.writable or h.done:
             return False
         e = self.r.get(h.entry_id)
         return e is not None and e.hidden
 
-    async def publish_at_close(self, h: Handle, who: Who) -> None:
+    def writer_failed(self, h: Handle, why: str) -> None:
+        """A process writing through ``h`` did not finish (``why``: it ``was killed by
+        SIGKILL``, ...): its upload into ``ready/`` is never published as it is."""
+        if self.awaits_publish(h):
+            self._unfinished.setdefault(h.entry_id, why)
+            log.info("upload %d: its writer %s", h.entry_id, why)
+
+    async def publish_at_close(self, h: Handle, who: Who, unfinished: str | None = None
+                               ) -> None:
         """The opener closed its descriptor and holds no other: an upload into ``ready/``
         appears now, durable before ``close(2)`` returns (``cp x ready/`` then exits 0 only
-        once the message is safe). Later writes through a copy of the descriptor are refused."""
-        if self.awaits_publish(h):
-            h.done = True
-            await self._publish_settled(self.get(h.entry_id), who)
+        once the message is safe). Later writes through a copy of the descriptor are refused.
+
+        ``unfinished`` says how the opener ended when it did not finish (``was killed by
+        SIGKILL``, ``exited with status 1``). Such an upload, or one a process holding a copy
+        of the descriptor did not finish (``writer_failed``), is never published: it goes to
+        ``partial/`` with the bytes written so far, now or, if another writer still holds
+        it, at that writer's last close; a copy of the descriptor writes on into it there."""
+        if not self.awaits_publish(h):
+            return
+        if unfinished is not None:
+            self.writer_failed(h, unfinished)
+        if self._writers.get(h.entry_id, 0) > 1:
+            return  # another writer holds it: the last close decides
+        h.done = h.entry_id not in self._unfinished
+        await self._publish_settled(self.get(h.entry_id), who)
 
     async def close(self, h: Handle, who: Who) -> None:
         """The last writable handle publishes a pending upload into ``ready/``.
@@ -409,6 +430,7 @@ class Spool:
                 await self._publish_settled(e, who)
         finally:
             self._failed.discard(h.entry_id)
+            self._unfinished.pop(h.entry_id, None)
 
     # ---- arrival in ready/: duplicates and fan-out (DESIGN §5) ---------------------------
 
@@ -522,11 +544,15 @@ class Spool:
         try:
             if e.id in self._failed:  # the writer saw a write fail: the content is not whole
                 raise NoSpace("a write to this upload failed; it was not published")
+            unfinished = self._unfinished.get(e.id)
+            if unfinished is not None:  # its content may be cut anywhere: never claimable
+                await self._refused_upload(e, who, f"its writer {unfinished}")
+                return
             await self._publish_hidden(e, who)
         except (NotFound, StoreFailure):
             raise  # gone meanwhile, or the store failed: recovery at mount reconciles it
         except SpoolError as refused:  # a rejected duplicate, a missing subscriber, ...
-            await self._refused_upload(e, who, refused)
+            await self._refused_upload(e, who, f"publish refused: {refused}")
             raise
         finally:
             done.set()
@@ -535,9 +561,10 @@ class Spool:
             if not waiting:
                 del self._settling[e.parent]
 
-    async def _refused_upload(self, e: Entry, who: Who, why: SpoolError) -> None:
-        """An upload into ``ready/`` whose publish was refused at close goes to ``partial/``,
-        visible and complete, to be fixed and published again (never stranded unseen)."""
+    async def _refused_upload(self, e: Entry, who: Who, why: str) -> None:
+        """An upload into ``ready/`` that is not published at close (refused, or its writer
+        did not finish) goes to ``partial/``, visible with all its bytes, to be fixed and
+        published again (never stranded unseen)."""
         now = self.clock()
 
         def fn(tx: WriteTx) -> None:
@@ -550,10 +577,10 @@ class Spool:
             tx.move(cur.id, cur.parent, cur.name, partial.id, name, state=State.PARTIAL,
                     hidden=0, ctime_ns=now)
             tx.add_history(cur.id, now, "refused", "upload", State.PARTIAL.value, who.uid,
-                           who.pid, f"publish refused: {why}")
+                           who.pid, why)
 
         await self.tx(fn)
-        log.warning("upload %r: publish refused at close (%s); moved to partial/", e.name, why)
+        log.warning("upload %r: not published at close (%s); moved to partial/", e.name, why)
 
     async def settle(self, parent: int) -> None:
         """Wait until uploads into ``parent`` whose last writer has closed have appeared."""
