@@ -1,35 +1,70 @@
 """A full disk (DESIGN §6, §7, §11): ENOSPC at write time, new uploads refused, while claims and
 finishes still commit so the queue can drain; nothing half-done, a clean fsck afterwards.
 
-The store lives on a small tmpfs; the disk is filled through the mount itself (an upload into
-``partial/`` that grows until the disk refuses it).
+The store lives on a small tmpfs. The disk is filled through the mount itself (an upload into
+``partial/`` that grows until the disk refuses it), or from outside, to the last byte, by a
+filler file next to the store: then only the store's metadata reserve lets the queue drain.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import MountFactory, Queue, fails, ls, mounted, ok, read, spoolfs_cli
+from helpers import (
+    MountFactory, Queue, expect_errno, fails, ls, mounted, ok, one_line_error, read, spoolfs_cli,
+)
 
 pytestmark = pytest.mark.fuse
 
 DISK_MIB = 128
 
 
+#: claims plus finishes that must commit on a disk filled to its last byte
+DRAIN = 10_000
+
+
+def _tmpfs(path: Path, mib: int) -> Iterator[Path]:
+    path.mkdir()
+    ok("mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0755", "tmpfs", path)
+    try:
+        yield path
+    finally:
+        if mounted(path):
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    ok("mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m,mode=0755", "tmpfs", disk)
+    yield from _tmpfs(tmp_path / "disk", DISK_MIB)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    yield from _tmpfs(tmp_path / "tiny", 8)
+
+
+def fill(disk: Path) -> None:
+    """Take every free byte of ``disk`` (as root: the blocks reserved for root too) with one
+    filler file, grown until the file system refuses, from outside any mount."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        yield disk
+        for chunk in (1 << 20, 4096, 1):
+            buf = b"\0" * chunk
+            while True:
+                try:
+                    os.write(fd, buf)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+                    break
     finally:
-        if mounted(disk):
-            subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
+        os.close(fd)
+    assert os.statvfs(disk).f_bfree == 0, "the filler left space on the disk"
 
 
 def test_full_disk_refuses_uploads_but_queue_still_drains(small_disk: Path,
@@ -79,3 +114,87 @@ def test_full_disk_refuses_uploads_but_queue_still_drains(small_disk: Path,
     fsck = spoolfs_cli("fsck", str(store), timeout=120)
     assert fsck.returncode == 0, "fsck after a full disk:\n" + \
         fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
+
+
+def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: Path,
+                                                                   mounter: MountFactory,
+                                                                   tmp_path: Path) -> None:
+    store = small_disk / "store"
+    m = mounter(store, tmp_path / "mnt")
+    q = Queue.create(m.path, "q", tmp_path / "scratch")
+    view = q.consumer("w1")
+    half = DRAIN // 2
+    # Seeded before the disk fills: messages written straight into ready/ (a safe direct
+    # publish; a cp process each would take minutes), and an upload waiting in partial/.
+    q.publish("m0")
+    for i in range(1, half):
+        (q.ready / f"m{i}").write_bytes(f"message {i}\n".encode())
+    q.put("upload", b"not yet published\n")
+
+    fill(small_disk)
+
+    # Uploads and publishes are refused with ENOSPC...
+    new = q.source(b"new content\n")
+    fails("cp", new, q.ready / "new", message="No space left on device")
+    fails("mv", q.partial / "upload", q.ready / "upload", message="No space left on device")
+
+    # ...while every claim and finish commits: a few by real mv processes, the rest by the
+    # same rename(2) calls made in a loop (20,000 processes would take minutes).
+    for i in range(3):
+        ok("mv", q.ready / f"m{i}", f"{view}/")
+        ok("mv", view / f"m{i}", f"{q.success}/")
+    for i in range(3, half):
+        os.rename(q.ready / f"m{i}", view / f"m{i}")
+        os.rename(view / f"m{i}", q.success / f"m{i}")
+    m.daemon_alive()
+    assert ls(q.ready) == [] and ls(view) == []
+    assert len(ls(q.success)) == half
+    assert read(q.success / f"m{half - 1}") == f"message {half - 1}\n".encode()
+
+    # The reserve that let them commit is not space for uploads.
+    expect_errno(errno.ENOSPC, os.rename, q.partial / "upload", q.ready / "upload")
+    fails("cp", new, q.partial / "new", message="No space left on device")
+    assert ls(q.partial) == ["upload"]
+
+    m.umount()
+    fsck = spoolfs_cli("fsck", str(store), timeout=120)
+    assert fsck.returncode == 0, "fsck after the drain:\n" + \
+        fsck.stdout.decode(errors="replace") + fsck.stderr.decode(errors="replace")
+
+    # The disk filled again to the last byte: the store's tools and a new mount either work
+    # (the reserve's space) or say in one line that the disk is full; never a traceback.
+    fill(small_disk)
+    for tool in (("status", str(store)), ("gc", str(store)), ("fsck", str(store))):
+        res = spoolfs_cli(*tool, timeout=120)
+        if res.returncode != 0:
+            assert "disk is full" in one_line_error(res), tool
+    again = mounter(store, tmp_path / "mnt2", start=False)
+    again.path.mkdir()
+    res = spoolfs_cli(*again.argv)
+    if res.returncode == 0:  # torn down by the mounter, should an assertion fail first
+        assert len(ls(again.path / "q" / "success")) == half
+        again.umount()
+    else:
+        assert "disk is full" in one_line_error(res)
+
+
+def test_mounting_on_a_full_disk_without_a_reserve_says_so_in_one_line(tiny_disk: Path,
+                                                                       mounter: MountFactory,
+                                                                       tmp_path: Path) -> None:
+    # (tiny_disk comes first so that it is torn down after the mount that uses it)
+    old = tiny_disk / "old"
+    m = mounter(old, tmp_path / "mnt")
+    Queue.create(m.path, "q", tmp_path / "scratch").publish("m")
+    m.umount()
+    (old / "reserve").unlink(missing_ok=True)  # a store from before the reserve, or whose reserve is spent
+    fill(tiny_disk)
+    for store in (tiny_disk / "new", old):
+        mnt = tmp_path / f"mnt-{store.name}"
+        mnt.mkdir()
+        res = spoolfs_cli(str(store), str(mnt))
+        assert not mounted(mnt)
+        line = one_line_error(res)
+        assert "disk is full" in line, line
+    for tool in ("status", "gc", "fsck"):
+        line = one_line_error(spoolfs_cli(tool, str(old)))
+        assert "disk is full" in line, (tool, line)

@@ -83,7 +83,7 @@ class Spool:
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
         self.policies = Policies(self.r)
-        self.guard = DiskGuard(store_dir)
+        self.guard = DiskGuard(store_dir, store.reserve)
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
         #: called with (parent, name) when the lifecycle moves or purges a message, so that the
         #: kernel drops a name it may have cached
