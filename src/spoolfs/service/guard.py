@@ -40,7 +40,7 @@ class DiskGuard:
     def check(self, policy: Policy, incoming: int = 0) -> None:
         """Refuse new content (``incoming`` bytes more) when it would leave less than the
         queue's ``min_free``, or while the metadata reserve is released."""
-        if self.reserve is not None and not self.reserve.restore():
+        if self.reserve is not None and not self.reserve.allows_uploads():
             self._refuse("the store's metadata reserve is in use (the disk was full)")
         free, total = self.space()
         floor = policy.min_free_bytes(total)
@@ -64,9 +64,9 @@ class DiskGuard:
         if self.reserve is None:
             return
         while True:
-            if not self.reserve.in_place():
-                try:
+            try:
+                if not self.reserve.in_place():
                     await trio.to_thread.run_sync(self.reserve.restore)
-                except OSError as e:
-                    log.warning("cannot make the metadata reserve: %s", e)
+            except OSError as e:  # the store directory unreadable, say: never end the mount
+                log.warning("cannot check the metadata reserve: %s", e)
             await trio.sleep(RESTORE_EVERY)

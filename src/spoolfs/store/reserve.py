@@ -41,6 +41,8 @@ class Reserve:
     def __init__(self, store_dir: str) -> None:
         self.store_dir = store_dir
         self.path = os.path.join(store_dir, FILE)
+        #: why this file system cannot hold a reserve (read-only, say), once that is known
+        self.unusable: str | None = None
 
     def _statvfs(self) -> tuple[int, int]:
         """(bytes this process may still write, bytes of the file system). Root may use the
@@ -100,17 +102,22 @@ class Reserve:
             return False
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
         except OSError as e:
-            if e.errno in FULL_ERRNOS:
-                return False
-            raise
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as e:
-            if e.errno in FULL_ERRNOS:  # the space went elsewhere meanwhile
-                return False
-            raise
-        finally:
-            os.close(fd)
+            if e.errno not in FULL_ERRNOS and self.unusable is None:  # else: space went elsewhere
+                self.unusable = str(e)
+                log.warning("cannot keep a metadata reserve in %s (%s): a disk filled to the "
+                            "last byte may stop claims and finishes", self.store_dir, e)
+            return False
+        self.unusable = None
         log.info("metadata reserve of %d MiB in place in %s", size >> 20, self.store_dir)
         return True
+
+    def allows_uploads(self) -> bool:
+        """Whether the disk guard may let new content in, as far as the reserve goes: it is in
+        place (made now if there is room), or this file system cannot hold one at all (then
+        ``min_free`` is the only headroom)."""
+        return self.restore() or self.unusable is not None
