@@ -25,8 +25,10 @@ pytestmark = pytest.mark.fuse
 DISK_MIB = 128
 
 
-#: claims plus finishes that must commit on a disk filled to its last byte
-DRAIN = 10_000
+#: on a disk filled to its last byte, MESSAGES messages are claimed and finished ROUNDS times
+#: (replayed from success/ to ready/ in between): 10,000 claims and 10,000 finishes
+MESSAGES = 1_000
+ROUNDS = 10
 
 
 def _tmpfs(path: Path, mib: int) -> Iterator[Path]:
@@ -123,12 +125,11 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
     m = mounter(store, tmp_path / "mnt")
     q = Queue.create(m.path, "q", tmp_path / "scratch")
     view = q.consumer("w1")
-    half = DRAIN // 2
     # Seeded before the disk fills: messages written straight into ready/ (a safe direct
-    # publish; a cp process each would take minutes), and an upload waiting in partial/.
-    q.publish("m0")
-    for i in range(1, half):
-        (q.ready / f"m{i}").write_bytes(f"message {i}\n".encode())
+    # publish), and an upload waiting in partial/.
+    names = [f"m{i}" for i in range(MESSAGES)]
+    for name in names:
+        (q.ready / name).write_bytes(f"message {name}\n".encode())
     q.put("upload", b"not yet published\n")
 
     fill(small_disk)
@@ -140,16 +141,25 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
 
     # ...while every claim and finish commits: a few by real mv processes, the rest by the
     # same rename(2) calls made in a loop (20,000 processes would take minutes).
-    for i in range(3):
-        ok("mv", q.ready / f"m{i}", f"{view}/")
-        ok("mv", view / f"m{i}", f"{q.success}/")
-    for i in range(3, half):
-        os.rename(q.ready / f"m{i}", view / f"m{i}")
-        os.rename(view / f"m{i}", q.success / f"m{i}")
+    claims = finishes = 0
+    for name in names[:3]:
+        ok("mv", q.ready / name, f"{view}/")
+        ok("mv", view / name, f"{q.success}/")
+        claims, finishes = claims + 1, finishes + 1
+    for rnd in range(ROUNDS):
+        if rnd:
+            for name in names:  # replay
+                os.rename(q.success / name, q.ready / name)
+        for name in names[3:] if rnd == 0 else names:
+            os.rename(q.ready / name, view / name)
+            claims += 1
+            os.rename(view / name, q.success / name)
+            finishes += 1
     m.daemon_alive()
+    assert (claims, finishes) == (MESSAGES * ROUNDS, MESSAGES * ROUNDS)
     assert ls(q.ready) == [] and ls(view) == []
-    assert len(ls(q.success)) == half
-    assert read(q.success / f"m{half - 1}") == f"message {half - 1}\n".encode()
+    assert sorted(ls(q.success)) == sorted(names)
+    assert read(q.success / names[-1]) == f"message {names[-1]}\n".encode()
 
     # The reserve that let them commit is not space for uploads.
     expect_errno(errno.ENOSPC, os.rename, q.partial / "upload", q.ready / "upload")
@@ -172,7 +182,7 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
     again.path.mkdir()
     res = spoolfs_cli(*again.argv)
     if res.returncode == 0:  # torn down by the mounter, should an assertion fail first
-        assert len(ls(again.path / "q" / "success")) == half
+        assert sorted(ls(again.path / "q" / "success")) == sorted(names)
         again.umount()
     else:
         assert "disk is full" in one_line_error(res)
@@ -186,7 +196,8 @@ def test_mounting_on_a_full_disk_without_a_reserve_says_so_in_one_line(tiny_disk
     m = mounter(old, tmp_path / "mnt")
     Queue.create(m.path, "q", tmp_path / "scratch").publish("m")
     m.umount()
-    (old / "reserve").unlink(missing_ok=True)  # a store from before the reserve, or whose reserve is spent
+    # as a store from before the reserve, or whose reserve is spent
+    (old / "reserve").unlink(missing_ok=True)
     fill(tiny_disk)
     for store in (tiny_disk / "new", old):
         mnt = tmp_path / f"mnt-{store.name}"

@@ -41,7 +41,8 @@ class DiskGuard:
         """Refuse new content (``incoming`` bytes more) when it would leave less than the
         queue's ``min_free``, or while the metadata reserve is released."""
         if self.reserve is not None and not self.reserve.allows_uploads():
-            self._refuse("the store's metadata reserve is in use (the disk was full)")
+            self._refuse("the store's metadata reserve is not in place (the disk was full, or "
+                         "has no room for it)")
         free, total = self.space()
         floor = policy.min_free_bytes(total)
         if free - incoming < floor:

@@ -43,6 +43,7 @@ class Reserve:
         self.path = os.path.join(store_dir, FILE)
         #: why this file system cannot hold a reserve (read-only, say), once that is known
         self.unusable: str | None = None
+        self._size: int | None = None
 
     def _statvfs(self) -> tuple[int, int]:
         """(bytes this process may still write, bytes of the file system). Root may use the
@@ -53,8 +54,9 @@ class Reserve:
         return avail * st.f_frsize, st.f_blocks * st.f_frsize
 
     def size(self) -> int:
-        total = self._statvfs()[1]
-        return min(MAX_SIZE, total // SHARE) // 4096 * 4096
+        if self._size is None:  # the file system's size, read once: commits need one statvfs
+            self._size = min(MAX_SIZE, self._statvfs()[1] // SHARE) // 4096 * 4096
+        return self._size
 
     def low_water(self) -> int:
         return min(LOW_WATER, self.size() // 4)
@@ -70,7 +72,8 @@ class Reserve:
         return self.held() >= self.size()
 
     def nearly_full(self) -> bool:
-        """Less than the low-water mark left: one statvfs, cheap enough for every commit."""
+        """Less than the low-water mark left: one statvfs (a few µs), cheap enough for every
+        commit."""
         return self._statvfs()[0] < self.low_water()
 
     def release_if_low(self) -> bool:
