@@ -125,11 +125,16 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
     m = mounter(store, tmp_path / "mnt")
     q = Queue.create(m.path, "q", tmp_path / "scratch")
     view = q.consumer("w1")
+    # A second daemon on the same store, with a queue of its own: the reserve is one per store.
+    other = mounter(store, tmp_path / "other")
+    q2 = Queue.create(other.path, "q2", tmp_path / "scratch2")
     # Seeded before the disk fills: messages written straight into ready/ (a safe direct
     # publish), and an upload waiting in partial/.
     names = [f"m{i}" for i in range(MESSAGES)]
     for name in names:
         (q.ready / name).write_bytes(f"message {name}\n".encode())
+        if len(name) == 2:
+            (q2.ready / name).write_bytes(b"other\n")
     q.put("upload", b"not yet published\n")
 
     fill(small_disk)
@@ -155,7 +160,13 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
             claims += 1
             os.rename(view / name, q.success / name)
             finishes += 1
+        if rnd == ROUNDS // 2:  # meanwhile, the other daemon drains its queue
+            for name in ls(q2.ready):
+                os.rename(q2.ready / name, q2.working / name)
+                os.rename(q2.working / name, q2.error / name)
     m.daemon_alive()
+    other.daemon_alive()
+    assert len(ls(q2.error)) == 10 and ls(q2.ready) == []
     assert (claims, finishes) == (MESSAGES * ROUNDS, MESSAGES * ROUNDS)
     assert ls(q.ready) == [] and ls(view) == []
     assert sorted(ls(q.success)) == sorted(names)
@@ -165,7 +176,9 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
     expect_errno(errno.ENOSPC, os.rename, q.partial / "upload", q.ready / "upload")
     fails("cp", new, q.partial / "new", message="No space left on device")
     assert ls(q.partial) == ["upload"]
+    fails("cp", new, q2.ready / "new", message="No space left on device")
 
+    other.umount()
     m.umount()
     fsck = spoolfs_cli("fsck", str(store), timeout=120)
     assert fsck.returncode == 0, "fsck after the drain:\n" + \
