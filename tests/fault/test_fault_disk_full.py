@@ -201,17 +201,27 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
         assert "disk is full" in one_line_error(res)
 
 
-def test_mounting_on_a_full_disk_without_a_reserve_says_so_in_one_line(tiny_disk: Path,
-                                                                       mounter: MountFactory,
-                                                                       tmp_path: Path) -> None:
+def test_a_store_mounts_on_a_full_disk_with_its_reserve_and_says_so_without(
+        tiny_disk: Path, mounter: MountFactory, tmp_path: Path) -> None:
     # (tiny_disk comes first so that it is torn down after the mount that uses it)
     old = tiny_disk / "old"
     m = mounter(old, tmp_path / "mnt")
-    Queue.create(m.path, "q", tmp_path / "scratch").publish("m")
+    q = Queue.create(m.path, "q", tmp_path / "scratch")
+    q.publish("m")
     m.umount()
-    # as a store from before the reserve, or whose reserve is spent
-    (old / "reserve").unlink(missing_ok=True)
+    assert (old / "reserve").stat().st_blocks > 0, "the daemon made no reserve"
+
+    # With its reserve, the store mounts on a full disk, and the queue drains.
     fill(tiny_disk)
+    m.start()
+    q.claim("m")
+    q.finish("m")
+    fails("cp", q.source(b"new\n"), q.ready / "new", message="No space left on device")
+    m.umount()
+
+    # Without (spent, or a store from before the reserve; or a new store): one line.
+    (old / "reserve").unlink()
+    fill(tiny_disk)  # what the daemon's log gave back at unmount
     for store in (tiny_disk / "new", old):
         mnt = tmp_path / f"mnt-{store.name}"
         mnt.mkdir()
