@@ -3,11 +3,16 @@ only with room to spare, shared by every daemon of a store through the one file.
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from spoolfs.core.errors import StoreFull
 from spoolfs.store.reserve import Reserve
+from spoolfs.store.sqlite import open_store
 
 MiB = 1 << 20
 SIZE = 8 * MiB  # a file system of 64 MiB: the reserve is an eighth of it
@@ -60,3 +65,38 @@ def test_made_again_only_with_room_to_spare(two: tuple[Disk, Reserve, Reserve]) 
     disk.free = SIZE + 2 * a.low_water()
     assert b.restore() and a.allows_uploads()
     assert not a.release_if_low()  # made again, it is not released by the next commit
+
+
+class FullAtCommit:
+    """The writer connection of a store whose disk fills up between a batch's statements and
+    its COMMIT (another program took the last blocks): SQLite answers SQLITE_FULL."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT":
+            e = sqlite3.OperationalError("database or disk is full")
+            e.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+            raise e
+        return self.conn.execute(sql, *args)
+
+
+def test_a_commit_that_finds_the_disk_full_is_enospc_and_frees_the_reserve(tmp_path: Path
+                                                                          ) -> None:
+    store = open_store(str(tmp_path))
+    try:
+        reserve = store.reserve
+        assert reserve is not None and reserve.restore()
+        real = store._wconn
+        store._wconn = FullAtCommit(real)  # type: ignore[assignment]
+        with pytest.raises(StoreFull) as refused:
+            store.run_batch([lambda tx: tx.set_policy(1, {"min_free": "0"})], durable=True)
+        assert refused.value.errno == errno.ENOSPC
+        assert reserve.held() == 0, "the reserve was kept although the disk is full"
+        store._wconn = real
+        assert store.reader().policies() == {}, "a refused commit left a change"
+        store.run_batch([lambda tx: tx.set_policy(1, {"min_free": "0"})], durable=True)
+        assert store.reader().policies() == {1: {"min_free": "0"}}
+    finally:
+        store.close()
