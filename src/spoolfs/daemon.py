@@ -67,6 +67,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
             recover(spool)
         except StoreFailure as e:  # the disk full, say: one line, as for the open above
             raise UserError(f"cannot recover store {store_dir}: {e.hint}") from e
+        spool.guard.make_reserve()
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None)
         opts = fuse_options(store_dir, options)

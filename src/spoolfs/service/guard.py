@@ -59,15 +59,21 @@ class DiskGuard:
         self._refusing = True
         raise NoSpace(why)
 
+    def make_reserve(self) -> None:
+        """At mount, before the first request: the reserve is there from the start whenever
+        the disk has room for it."""
+        if self.reserve is not None:
+            self.reserve.restore()
+
     async def keep_reserve(self) -> None:
         """Make the metadata reserve again whenever it is released and the disk has room for
         it (a worker thread: on a file system without fallocate it is written out)."""
         if self.reserve is None:
             return
         while True:
+            await trio.sleep(RESTORE_EVERY)
             try:
                 if not self.reserve.in_place():
                     await trio.to_thread.run_sync(self.reserve.restore)
             except OSError as e:  # the store directory unreadable, say: never end the mount
                 log.warning("cannot check the metadata reserve: %s", e)
-            await trio.sleep(RESTORE_EVERY)
