@@ -18,6 +18,7 @@ import pytest
 
 from helpers import (
     MountFactory, Queue, expect_errno, fails, ls, mounted, ok, one_line_error, read, spoolfs_cli,
+    wait_until, xattr_text,
 )
 
 pytestmark = pytest.mark.fuse
@@ -26,7 +27,7 @@ DISK_MIB = 128
 
 
 #: on a disk filled to its last byte, MESSAGES messages are claimed and finished ROUNDS times
-#: (replayed from success/ to ready/ in between): 10,000 claims and 10,000 finishes
+#: (failed to error/, retried by the daemon): 10,000 claims and 10,000 finishes
 MESSAGES = 1_000
 ROUNDS = 10
 
@@ -136,6 +137,11 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
         if len(name) == 2:
             (q2.ready / name).write_bytes(b"other\n")
     q.put("upload", b"not yet published\n")
+    # Each message fails ROUNDS times, sent back to ready/ by the daemon's lifecycle (which
+    # must commit on the full disk too), then stays in error/ as abandoned.
+    res = spoolfs_cli("queue", "set", str(q.path), "retry_errors=on", f"max_attempts={ROUNDS}")
+    assert res.returncode == 0, res.stderr.decode(errors="replace")
+    assert xattr_text(q.path, "user.spool.policy.max_attempts") == str(ROUNDS)
 
     fill(small_disk)
 
@@ -149,16 +155,16 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
     claims = finishes = 0
     for name in names[:3]:
         ok("mv", q.ready / name, f"{view}/")
-        ok("mv", view / name, f"{q.success}/")
+        ok("mv", view / name, f"{q.error}/")
         claims, finishes = claims + 1, finishes + 1
     for rnd in range(ROUNDS):
         if rnd:
-            for name in names:  # replay
-                os.rename(q.success / name, q.ready / name)
+            wait_until(lambda: len(os.listdir(q.ready)) == MESSAGES, timeout=120,
+                       what=f"round {rnd}'s retries", alive=m.daemon_alive)
         for name in names[3:] if rnd == 0 else names:
             os.rename(q.ready / name, view / name)
             claims += 1
-            os.rename(view / name, q.success / name)
+            os.rename(view / name, q.error / name)
             finishes += 1
         if rnd == ROUNDS // 2:  # meanwhile, the other daemon drains its queue
             for name in ls(q2.ready):
@@ -169,8 +175,9 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
     assert len(ls(q2.error)) == 10 and ls(q2.ready) == []
     assert (claims, finishes) == (MESSAGES * ROUNDS, MESSAGES * ROUNDS)
     assert ls(q.ready) == [] and ls(view) == []
-    assert sorted(ls(q.success)) == sorted(names)
-    assert read(q.success / names[-1]) == f"message {names[-1]}\n".encode()
+    assert sorted(ls(q.error)) == sorted(names)
+    assert read(q.error / names[-1]) == f"message {names[-1]}\n".encode()
+    assert xattr_text(q.error / names[-1], "user.spool.abandoned") == "1"
 
     # The reserve that let them commit is not space for uploads.
     expect_errno(errno.ENOSPC, os.rename, q.partial / "upload", q.ready / "upload")
@@ -195,7 +202,7 @@ def test_disk_filled_from_outside_still_drains_through_the_reserve(small_disk: P
     again.path.mkdir()
     res = spoolfs_cli(*again.argv)
     if res.returncode == 0:  # torn down by the mounter, should an assertion fail first
-        assert sorted(ls(again.path / "q" / "success")) == sorted(names)
+        assert sorted(ls(again.path / "q" / "error")) == sorted(names)
         again.umount()
     else:
         assert "disk is full" in one_line_error(res)
