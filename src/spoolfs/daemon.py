@@ -14,7 +14,7 @@ import pyfuse3
 import trio
 
 from spoolfs import metrics_http
-from spoolfs.core.errors import SpoolError, UserError
+from spoolfs.core.errors import SpoolError, StoreFailure, UserError
 from spoolfs.fuse.ops import Operations
 from spoolfs.notify import notify
 from spoolfs.runtime import make_runtime_dir, pidfile
@@ -69,7 +69,11 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         raise UserError(f"cannot open store {store_dir}: {e}") from e
     spool = Spool(store, store_dir)
     try:
-        recover(spool)
+        try:
+            recover(spool)
+        except StoreFailure as e:  # the disk full, say: one line, as for the open above
+            raise UserError(f"cannot recover store {store_dir}: {e.hint}") from e
+        spool.guard.make_reserve()
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None)
         opts = fuse_options(store_dir, options)
@@ -113,7 +117,8 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
         signals = trio.CancelScope()
         nursery.start_soon(_signals, signals)
         nursery.start_soon(_run_in, timers, lifecycle.run,
-                           functools.partial(gc.periodic, spool.store_dir))
+                           functools.partial(gc.periodic, spool.store_dir),
+                           spool.guard.keep_reserve)
         if listeners:  # serving before the mount is reported ready
             await nursery.start(_metrics, metrics, listeners, spool, only_queue)
         on_ready()

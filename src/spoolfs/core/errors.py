@@ -79,6 +79,12 @@ class StoreFailure(SpoolError):
     errno = _errno.EIO
 
 
+class StoreFull(StoreFailure):
+    """The store's disk is full even for metadata (its reserve spent): ENOSPC, rolled back."""
+
+    errno = _errno.ENOSPC
+
+
 class UserError(Exception):
     """A command-line failure: one line for the user and the process exit code."""
 

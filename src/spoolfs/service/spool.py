@@ -83,7 +83,7 @@ class Spool:
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
         self.policies = Policies(self.r)
-        self.guard = DiskGuard(store_dir)
+        self.guard = DiskGuard(store_dir, store.reserve)
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
         #: uploads whose writer did not finish (killed, exited non-zero) -> why: never published
         self._unfinished: dict[int, str] = {}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from spoolfs.core.rules import State
+from spoolfs.store.reserve import Reserve
 
 T = TypeVar("T")
 
@@ -206,6 +207,10 @@ class StoreBusy(Exception):
 
 
 class Store(abc.ABC):
+    #: the metadata reserve of a store kept on a local disk (store/reserve.py); None for an
+    #: engine whose metadata lives elsewhere
+    reserve: Reserve | None = None
+
     @abc.abstractmethod
     def reader(self) -> ReadTx:
         """Queries for the calling thread (the event loop); never blocks on writers."""

@@ -2,6 +2,10 @@
 
 Two connections: one for queries on the event loop's thread, one for write batches in a worker
 thread. Several daemons may open the same file; SQLite's locks serialize their writers.
+
+A store directory keeps a metadata reserve (store/reserve.py): before opening and before every
+commit, a nearly full disk releases it, and a commit or open that finds the disk full all the
+same fails with ``StoreFull`` (ENOSPC, one clear line) rather than a bare I/O error.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from spoolfs.core.errors import SpoolError, StoreFailure
+from spoolfs.core.errors import SpoolError, StoreFailure, StoreFull
 from spoolfs.core.rules import State
 from spoolfs.store import schema
 from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, StoreBusy, WriteTx
 from spoolfs.store.private import FILE_MODE, make_store_dir
+from spoolfs.store.reserve import FULL_ERRNOS, Reserve
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +30,24 @@ _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 # The blob's reference count rides along: it is the message's link count.
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
 BUSY_TIMEOUT_MS = 30_000
+
+
+def raise_if_full(e: BaseException, reserve: Reserve | None) -> None:
+    """Raise ``StoreFull`` from ``e`` when it means the store's disk is full, releasing the
+    reserve (if any is left) so that a retry finds space. SQLite says SQLITE_FULL when a
+    write finds no space, but a plain I/O error when it cannot size its shared-memory index."""
+    if isinstance(e, OSError):
+        full = e.errno in FULL_ERRNOS
+    elif isinstance(e, sqlite3.Error):
+        code = (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+        full = code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and reserve is not None
+                                               and reserve.nearly_full())
+    else:
+        full = False
+    if full:
+        if reserve is not None:
+            reserve.release("the store's disk is full")
+        raise StoreFull(f"the store's disk is full ({e})") from e
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -221,13 +244,19 @@ class SqliteWrite(SqliteRead, WriteTx):
 
 
 class SqliteStore(Store):
-    """``path`` is the database file; created with its schema and root entry if missing."""
+    """``path`` is the database file; created with its schema and root entry if missing.
+    ``reserve`` is the store directory's metadata reserve, released when the disk fills."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, reserve: Reserve | None = None) -> None:
         self.path = path
+        self.reserve = reserve
         self._wconn = _connect(path)
-        self._init_schema()
-        self._rconn = _connect(path)
+        try:
+            self._init_schema()
+            self._rconn = _connect(path)
+        except BaseException:
+            self._wconn.close()
+            raise
         self._reader = SqliteRead(self._rconn)
         self._writer = SqliteWrite(self._wconn)
         self._sync = "FULL"
@@ -248,7 +277,8 @@ class SqliteStore(Store):
             self._migrate()
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            if c.in_transaction:  # SQLite has rolled back by itself after some errors
+                c.execute("ROLLBACK")
             raise
         c.executescript(schema.INDEXES)
 
@@ -265,7 +295,8 @@ class SqliteStore(Store):
                 c.execute(stmt)
             version += 1
             log.info("store %s migrated to schema version %d", self.path, version)
-        c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
+        if row is None or int(row[0]) != version:  # opening an up-to-date store writes nothing
+            c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
 
     def reader(self) -> ReadTx:
         return self._reader
@@ -288,11 +319,14 @@ class SqliteStore(Store):
         self._set_sync("FULL" if durable else "NORMAL")
         self._set_busy_timeout(BUSY_TIMEOUT_MS if wait else 0)
         results: list[tuple[bool, Any]] = []
+        if self.reserve is not None:
+            self.reserve.release_if_low()
         try:
             c.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as e:
             if not wait and e.sqlite_errorcode == sqlite3.SQLITE_BUSY:
                 raise StoreBusy() from e
+            raise_if_full(e, self.reserve)
             raise StoreFailure(f"store unavailable: {e}") from e
         except sqlite3.Error as e:
             raise StoreFailure(f"store unavailable: {e}") from e
@@ -316,6 +350,7 @@ class SqliteStore(Store):
                 c.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            raise_if_full(e, self.reserve)
             raise StoreFailure(f"store commit failed: {e}") from e
         except BaseException:
             c.execute("ROLLBACK")
@@ -328,8 +363,16 @@ class SqliteStore(Store):
 
 
 def open_store(store_dir: str) -> SqliteStore:
-    make_store_dir(store_dir)
-    db = os.path.join(store_dir, "meta.db")
-    # Made owner-only before SQLite opens it: its -wal and -shm files take the database's mode.
-    os.close(os.open(db, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
-    return SqliteStore(db)
+    """Open (or create) the store in ``store_dir``. On a full disk, the reserve makes room for
+    the database's log and index; without one, ``StoreFull`` says the disk is full."""
+    reserve = Reserve(store_dir)
+    try:
+        make_store_dir(store_dir)
+        reserve.release_if_low()
+        db = os.path.join(store_dir, "meta.db")
+        # Made owner-only before SQLite opens it: its -wal and -shm files take its mode.
+        os.close(os.open(db, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
+        return SqliteStore(db, reserve)
+    except (sqlite3.Error, OSError) as e:
+        raise_if_full(e, reserve)
+        raise
