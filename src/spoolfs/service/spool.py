@@ -143,9 +143,17 @@ class Spool:
         return self.size_and_mtime(e)[0]
 
     def nlink_of(self, e: Entry) -> int:
-        if e.kind not in ("message", MEMBER) or is_dir(e):
-            return 2
-        return e.refs or 1
+        """A file's link count is the number of messages sharing its content; a directory's
+        is 2 + its subdirectories, as on ext4. A queue always holds its five states. Other
+        state directories than working/ may hold millions of messages: they report 1, the
+        usual "not counted" (find and fts then look inside every directory)."""
+        if not is_dir(e):
+            return e.refs or 1
+        if e.kind == "queue":
+            return 2 + len(rules.STATES)
+        if e.kind == "state" and e.state is not State.WORKING:
+            return 1
+        return 2 + self.r.subdirs(e.id)
 
     @staticmethod
     def dir_kind(e: Entry) -> DirKind:
