@@ -72,6 +72,7 @@ ops = st.one_of(
     st.tuples(st.just("link"), path, path),
     st.tuples(st.just("open"), path, st.sampled_from(OPEN_FLAGS)),
     st.tuples(st.just("truncate"), path, st.sampled_from(SIZES)),
+    st.tuples(st.just("pwrite"), path, st.sampled_from(SIZES)),
     st.tuples(st.just("chmod"), path, st.sampled_from((0o755, 0o600, 0o4777))),
     st.tuples(st.just("utime"), path, st.sampled_from(TIMES)),
     st.tuples(st.just("stat"), path),
@@ -103,6 +104,12 @@ def run_op(root: Path, op: tuple[Any, ...]) -> None:
         _open_close(p[0], p[1])
     elif name == "truncate":
         os.truncate(p[0], p[1])
+    elif name == "pwrite":
+        fd = os.open(p[0], os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"at an offset\n", p[1])
+        finally:
+            os.close(fd)
     elif name == "chmod":
         os.chmod(p[0], p[1])
     elif name == "utime":
