@@ -57,8 +57,6 @@ def _open_close(path: str, flags: int) -> None:
         os.close(fd)
 
 
-#: (name, function of the mount and drawn arguments)
-Op = tuple[str, Callable[..., Any], tuple[Any, ...]]
 path = st.sampled_from(PATHS)
 ops = st.one_of(
     st.tuples(st.just("setxattr"), path, st.sampled_from(XATTRS), st.sampled_from(VALUES)),
@@ -79,45 +77,26 @@ ops = st.one_of(
 )
 
 
+def _pwrite(path: str, offset: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"at an offset\n", offset)
+    finally:
+        os.close(fd)
+
+
+#: what each drawn operation calls, with its paths made absolute
+CALLS: dict[str, Callable[..., Any]] = {
+    "setxattr": os.setxattr, "getxattr": os.getxattr, "removexattr": os.removexattr,
+    "listxattr": os.listxattr, "rmdir": os.rmdir, "mkdir": os.mkdir, "rename": os.rename,
+    "unlink": os.unlink, "link": os.link, "open": _open_close, "truncate": os.truncate,
+    "pwrite": _pwrite, "chmod": os.chmod, "utime": os.utime, "stat": os.lstat,
+}
+
+
 def run_op(root: Path, op: tuple[Any, ...]) -> None:
     name, *args = op
-    p = [str(root / a) if isinstance(a, str) else a for a in args]
-    if name == "setxattr":
-        os.setxattr(p[0], p[1], p[2])
-    elif name == "getxattr":
-        os.getxattr(p[0], p[1])
-    elif name == "removexattr":
-        os.removexattr(p[0], p[1])
-    elif name == "listxattr":
-        os.listxattr(p[0])
-    elif name == "rmdir":
-        os.rmdir(p[0])
-    elif name == "mkdir":
-        os.mkdir(p[0])
-    elif name == "rename":
-        os.rename(p[0], p[1])
-    elif name == "unlink":
-        os.unlink(p[0])
-    elif name == "link":
-        os.link(p[0], p[1])
-    elif name == "open":
-        _open_close(p[0], p[1])
-    elif name == "truncate":
-        os.truncate(p[0], p[1])
-    elif name == "pwrite":
-        fd = os.open(p[0], os.O_WRONLY)
-        try:
-            os.pwrite(fd, b"at an offset\n", p[1])
-        finally:
-            os.close(fd)
-    elif name == "chmod":
-        os.chmod(p[0], p[1])
-    elif name == "utime":
-        os.utime(p[0], p[1])
-    elif name == "stat":
-        os.lstat(p[0])
-    else:
-        raise AssertionError(name)
+    CALLS[name](*(str(root / a) if isinstance(a, str) else a for a in args))
 
 
 def _write(path: Path, data: bytes) -> None:
