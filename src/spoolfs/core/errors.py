@@ -69,6 +69,12 @@ class NoSubscriber(SpoolError):
     errno = _errno.ENXIO
 
 
+class TooLarge(SpoolError):
+    """A size or offset beyond what the store's disk can hold in one file."""
+
+    errno = _errno.EFBIG
+
+
 class NoAttribute(SpoolError):
     errno = _errno.ENODATA
 

@@ -29,7 +29,7 @@ from spoolfs.core.rules import Action, DirKind, Kind, State
 from spoolfs.service import batches, status
 from spoolfs.service.batches import MEMBER, is_batch, is_dir
 from spoolfs.service.committer import Committer
-from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed
+from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed, staging_error
 from spoolfs.service.guard import DiskGuard
 from spoolfs.service.policies import Policies, check_fanout
 from spoolfs.service.roles import inherit
@@ -145,9 +145,17 @@ class Spool:
         return self.size_and_mtime(e)[0]
 
     def nlink_of(self, e: Entry) -> int:
-        if e.kind not in ("message", MEMBER) or is_dir(e):
-            return 2
-        return e.refs or 1
+        """A file's link count is the number of messages sharing its content; a directory's
+        is 2 + its subdirectories, as on ext4. A queue always holds its five states. Other
+        state directories than working/ may hold millions of messages: they report 1, the
+        usual "not counted" (find and fts then look inside every directory)."""
+        if not is_dir(e):
+            return e.refs or 1
+        if e.kind == "queue":
+            return 2 + len(rules.STATES)
+        if e.kind == "state" and e.state is not State.WORKING:
+            return 1
+        return 2 + self.r.subdirs(e.id)
 
     @staticmethod
     def dir_kind(e: Entry) -> DirKind:
@@ -263,17 +271,19 @@ class Spool:
             cur = tx.get(e.id)
             if cur is None or cur.parent != parent or cur.name != name:
                 raise NotFound()
-            doomed = [cur.id]
+            # children before parents: a row's parent must exist while it does
+            views: list[int] = []
+            states: list[int] = []
             if cur.kind == "queue":
                 for st in tx.children(cur.id):
                     for c in tx.children(st.id):
                         if c.kind != "consumer" or tx.has_children(c.id):
                             raise NotEmpty(f"queue {name!r} is not empty")
-                        doomed.insert(0, c.id)
-                    doomed.insert(0, st.id)
+                        views.append(c.id)
+                    states.append(st.id)
             elif tx.has_children(cur.id):
                 raise NotEmpty(f"consumer view {name!r} is not empty")
-            for i in doomed:
+            for i in [*views, *states, cur.id]:
                 tx.delete(i)
 
         await self.tx(fn)
@@ -368,7 +378,7 @@ class Spool:
         try:
             os.ftruncate(fd, size)
         except OSError as err:
-            raise StoreFailure(f"staging file of {e.id}: {err}") from err
+            raise staging_error(err, f"resize of staging file {e.id}") from err
         finally:
             os.close(fd)
 
@@ -994,8 +1004,12 @@ class Spool:
                  ", ".join(f"{k}={v if v is not None else '(default)'}" for k, v in changes.items()))
 
     async def removexattr(self, e: Entry, name: bytes, who: Who) -> None:
+        if not name.startswith(b"user."):
+            raise NotSupported("only user.* attributes are kept")
         if e.kind == "queue" and name.startswith(SPOOL_XATTR):
             return await self._set_policy(e, name, None)
+        if e.kind != "message":  # the root, queues' other names, state dirs, batch files
+            raise NoAttribute(f"{name!r}: attributes are kept on messages only")
         if name.startswith(SPOOL_XATTR) or (
                 self.kind(e) not in rules.HEADER_KINDS and not e.hidden):
             raise NotPermitted(f"{name!r} cannot be removed here")

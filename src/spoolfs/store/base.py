@@ -95,6 +95,11 @@ class ReadTx(abc.ABC):
     def has_children(self, parent: int) -> bool: ...
 
     @abc.abstractmethod
+    def subdirs(self, parent: int) -> int:
+        """How many visible directories ``parent`` holds (a directory's link count is 2 more).
+        Proportional to the number of children: not for state directories."""
+
+    @abc.abstractmethod
     def blob(self, blob_id: int) -> Blob | None: ...
 
     @abc.abstractmethod
@@ -152,6 +157,10 @@ class ReadTx(abc.ABC):
 
 class WriteTx(ReadTx):
     """Primitives inside one atomic transaction."""
+
+    # Every primitive that adds a visible name to a directory or removes one (insert, move,
+    # delete, and an update that publishes a hidden row) also sets that directory's mtime and
+    # ctime to now, in the same transaction: a directory's time shows when its names changed.
 
     @abc.abstractmethod
     def insert(self, **fields: Any) -> Entry: ...

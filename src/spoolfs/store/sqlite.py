@@ -80,6 +80,11 @@ class SqliteRead(ReadTx):
         return self.conn.execute("SELECT 1 FROM entries WHERE parent=? LIMIT 1",
                                  (parent,)).fetchone() is not None
 
+    def subdirs(self, parent: int) -> int:
+        return self.conn.execute(  # S_IFMT / S_IFDIR
+            "SELECT COUNT(*) FROM entries WHERE parent=? AND hidden=0 AND (mode & 61440)=16384",
+            (parent,)).fetchone()[0]  # type: ignore[no-any-return]
+
     def blob(self, blob_id: int) -> Blob | None:
         row = self.conn.execute("SELECT id, sha256, size, refcount, data FROM blobs WHERE id=?",
                                 (blob_id,)).fetchone()
@@ -172,24 +177,54 @@ class SqliteWrite(SqliteRead, WriteTx):
             f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
         entry = self.get(cur.lastrowid)  # type: ignore[arg-type]
         assert entry is not None
+        if not entry.hidden:
+            self._dir_changed(entry.parent)
         return entry
+
+    def _dir_changed(self, *dirs: int | None) -> None:
+        """A name appeared in or left these directories: their mtime and ctime move, as on
+        any file system (scripts poll a directory's time), for every daemon on the store."""
+        now = time.time_ns()
+        for d in dict.fromkeys(dirs):
+            if d is not None:
+                self.conn.execute("UPDATE entries SET mtime_ns=?, ctime_ns=? WHERE id=?",
+                                  (now, now, d))
+
+    def _hidden(self, entry_id: int) -> bool | None:
+        row = self.conn.execute("SELECT hidden FROM entries WHERE id=?", (entry_id,)).fetchone()
+        return None if row is None else bool(row[0])
 
     def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
              **fields: Any) -> bool:
         sets, vals = _fields(fields)
         sets = f"parent=?, name=?{', ' + sets if sets else ''}"
+        was_hidden = self._hidden(entry_id)
         cur = self.conn.execute(
             f"UPDATE entries SET {sets} WHERE id=? AND parent=? AND name=?",
             [new_parent, new_name, *vals, entry_id, parent, name])
-        return cur.rowcount == 1
+        if cur.rowcount != 1:
+            return False
+        # a hidden upload is no name in its directory: it leaves or arrives unseen
+        self._dir_changed(None if was_hidden else parent,
+                          None if fields.get("hidden", was_hidden) else new_parent)
+        return True
 
     def update(self, entry_id: int, **fields: Any) -> bool:
         sets, vals = _fields(fields)
+        appears = "hidden" in fields and not fields["hidden"] and self._hidden(entry_id)
         cur = self.conn.execute(f"UPDATE entries SET {sets} WHERE id=?", [*vals, entry_id])
+        if appears and cur.rowcount == 1:  # a hidden upload published: a name arrives
+            self._dir_changed(self.get(entry_id).parent)  # type: ignore[union-attr]
         return cur.rowcount == 1
 
     def delete(self, entry_id: int) -> bool:
-        return self.conn.execute("DELETE FROM entries WHERE id=?", (entry_id,)).rowcount == 1
+        rows = self.conn.execute("DELETE FROM entries WHERE id=? RETURNING parent, hidden",
+                                 (entry_id,)).fetchall()
+        if not rows:
+            return False
+        if not rows[0][1]:
+            self._dir_changed(rows[0][0])
+        return True
 
     def set_policy(self, queue: int, values: dict[str, str | None]) -> None:
         for key, value in values.items():
