@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -28,7 +28,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-async def serve(listen: str, snapshot: Callable[[], dict[str, Any]], *,
+async def serve(listen: str, snapshot: Callable[[], Awaitable[dict[str, Any]]], *,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     host, port = parse_listen(listen)
 
@@ -47,10 +47,10 @@ async def serve(listen: str, snapshot: Callable[[], dict[str, Any]], *,
                     code, ctype, body = b"405 Method Not Allowed", b"text/plain", b"GET only\n"
                 elif path == b"/metrics":
                     code, ctype = b"200 OK", CONTENT_TYPE_LATEST.encode()
-                    body = status.metrics(snapshot())
+                    body = status.metrics(await snapshot())
                 elif path == b"/status":
                     code, ctype = b"200 OK", b"application/json"
-                    body = json.dumps(snapshot(), indent=1).encode() + b"\n"
+                    body = json.dumps(await snapshot(), indent=1).encode() + b"\n"
                 else:
                     code, ctype, body = b"404 Not Found", b"text/plain", b"/metrics or /status\n"
                 await stream.send_all(b"HTTP/1.0 " + code + b"\r\nContent-Type: " + ctype +
