@@ -77,6 +77,17 @@ def seed(spool: Spool, ready: int, template: int, n: int) -> None:
     assert ok, err
 
 
+class Readers:
+    """Readers of the snapshot, each a task; what they got, in the order it came back."""
+
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
+        self.got: list[dict[str, Any]] = []
+
+    async def read(self) -> None:
+        self.got.append(await self.spool.snapshot())
+
+
 def count(snap: dict[str, Any], queue: str, state: str = "ready") -> int:
     return int(snap["queues"][queue]["states"][state]["count"])
 
@@ -88,13 +99,10 @@ async def test_a_slow_snapshot_of_a_deep_queue_stalls_no_request(tmp_path: Path,
         busy = Q(spool, (await spool.mkdir(1, b"busy", 0o755, WHO)).id)
         first = await upload(spool, deep[State.READY], b"first", b"x" * 10)
         seed(spool, deep[State.READY], first, DEEP - 1)
-        got: list[dict[str, Any]] = []
-
-        async def read() -> None:
-            got.append(await spool.snapshot())
-
+        readers = Readers(spool)
+        got = readers.got
         async with trio.open_nursery() as n:
-            n.start_soon(read)
+            n.start_soon(readers.read)
             await gate.wait_entered()
             # The snapshot is held in flight: every create in the other queue still completes.
             for i in range(20):
@@ -115,16 +123,13 @@ async def test_concurrent_readers_share_one_snapshot_and_see_their_writes(
         tmp_path: Path, gate: Gate) -> None:
     async with running(tmp_path) as spool:
         q = Q(spool, (await spool.mkdir(1, b"q", 0o755, WHO)).id)
-        got: list[dict[str, Any]] = []
-
-        async def read() -> None:
-            got.append(await spool.snapshot())
-
+        readers = Readers(spool)
+        got = readers.got
         async with trio.open_nursery() as n:
-            n.start_soon(read)
+            n.start_soon(readers.read)
             await gate.wait_entered()
             for _ in range(5):  # nothing committed since it began: they wait for it
-                n.start_soon(read)
+                n.start_soon(readers.read)
             await trio.testing.wait_all_tasks_blocked()
             gate.release()
         assert len(got) == 6 and spool.snapshots.computed == 1
@@ -133,7 +138,7 @@ async def test_concurrent_readers_share_one_snapshot_and_see_their_writes(
         await upload(spool, q[State.READY], b"a", b"1")
         async with trio.open_nursery() as n:
             for _ in range(5):
-                n.start_soon(read)
+                n.start_soon(readers.read)
         assert spool.snapshots.computed == 2, "the readers after a write did not share one"
         assert [count(s, "q") for s in got[6:]] == [1] * 5, "a reader missed its own write"
         assert len(gate.threads) == 2 and threading.get_ident() not in gate.threads
