@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -59,29 +59,33 @@ def bind(listen: str) -> list[socket.socket]:
     return socks
 
 
-async def serve(socks: list[socket.socket], snapshot: Callable[[], dict[str, Any]], *,
+async def serve(socks: list[socket.socket], snapshot: Callable[[], Awaitable[dict[str, Any]]], *,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     async def handle(stream: trio.SocketStream) -> None:
         try:
-            with trio.move_on_after(TIMEOUT_S):
-                request = b""
+            request = b""
+            with trio.move_on_after(TIMEOUT_S) as waited:
                 while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST:
                     chunk = await stream.receive_some(4096)
                     if not chunk:
                         break
                     request += chunk
-                parts = request.split(b" ", 2)
-                path = parts[1].split(b"?")[0] if len(parts) > 1 else b""
-                if parts[0] != b"GET":
-                    code, ctype, body = b"405 Method Not Allowed", b"text/plain", b"GET only\n"
-                elif path == b"/metrics":
-                    code, ctype = b"200 OK", CONTENT_TYPE_LATEST.encode()
-                    body = status.metrics(snapshot())
-                elif path == b"/status":
-                    code, ctype = b"200 OK", b"application/json"
-                    body = json.dumps(snapshot(), indent=1).encode() + b"\n"
-                else:
-                    code, ctype, body = b"404 Not Found", b"text/plain", b"/metrics or /status\n"
+            if waited.cancelled_caught:
+                return  # no request in time: hang up
+            # Not under the timeout: a snapshot of a deep spool may take longer (off the loop).
+            parts = request.split(b" ", 2)
+            path = parts[1].split(b"?")[0] if len(parts) > 1 else b""
+            if parts[0] != b"GET":
+                code, ctype, body = b"405 Method Not Allowed", b"text/plain", b"GET only\n"
+            elif path == b"/metrics":
+                code, ctype = b"200 OK", CONTENT_TYPE_LATEST.encode()
+                body = status.metrics(await snapshot())
+            elif path == b"/status":
+                code, ctype = b"200 OK", b"application/json"
+                body = json.dumps(await snapshot(), indent=1).encode() + b"\n"
+            else:
+                code, ctype, body = b"404 Not Found", b"text/plain", b"/metrics or /status\n"
+            with trio.move_on_after(TIMEOUT_S):
                 await stream.send_all(b"HTTP/1.0 " + code + b"\r\nContent-Type: " + ctype +
                                       b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
                                       % len(body) + body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,6 +93,24 @@ def test_xattrs_follow_links_and_cascade(store: Store) -> None:
     assert store.reader().xattrs(b.id) == {b"user.k": b"v"}
     one(store, lambda tx: tx.delete(a.id))
     assert store.reader().xattrs(a.id) == {}
+
+
+def test_a_scan_in_another_thread_sees_one_committed_state(store: Store) -> None:
+    one(store, lambda tx: msg(tx, 1, b"before"))
+    seen: list[list[bytes]] = []
+
+    def scan() -> None:
+        with store.scan() as r:
+            seen.append([e.name for e in r.children(1)])
+            one(store, lambda tx: msg(tx, 1, b"during"))  # the writer is never blocked
+            seen.append([e.name for e in r.children(1)])
+
+    t = threading.Thread(target=scan)
+    t.start()
+    t.join()
+    assert seen == [[b"before"], [b"before"]], "a scan saw a commit made during it"
+    with store.scan() as r:
+        assert [e.name for e in r.children(1)] == [b"before", b"during"]
 
 
 def test_two_handles_on_one_file_see_each_other(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from spoolfs.core.errors import NotFound, NotPermitted, SpoolError
 from spoolfs.fuse import procinfo, virtual
 from spoolfs.service import status
 from spoolfs.service.content import Handle
-from spoolfs.service.roles import Gate
+from spoolfs.service.roles import Caller, Gate, proc_groups
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Entry
 
@@ -173,12 +173,13 @@ class Operations(pyfuse3.Operations):
 
     # ---- MOUNT/.spool/ -------------------------------------------------------------------
 
-    def _render(self, ino: int) -> bytes:
+    async def _render(self, ino: int, ctx: Any) -> bytes:
         only = self.root_id if self.root_id != 1 else None
-        return virtual.render(ino, lambda: self.spool.snapshot(only_queue=only), status.metrics)
+        caller = Caller(ctx.uid, ctx.gid, proc_groups(ctx.pid, ctx.uid, ctx.gid))
+        return virtual.render(ino, await self.spool.snapshot(caller, only), status.metrics)
 
     def _virtual_attr(self, ino: int) -> pyfuse3.EntryAttributes:
-        return virtual.attr(ino, len(self._render(ino)) if ino != virtual.DIR else 0)
+        return virtual.attr(ino)
 
     def _virtual_lookup(self, parent_inode: int, name: bytes) -> pyfuse3.EntryAttributes | None:
         if parent_inode == pyfuse3.ROOT_INODE and name == virtual.DIR_NAME:
@@ -375,7 +376,7 @@ class Operations(pyfuse3.Operations):
         if virtual.is_virtual(inode):
             if acc != os.O_RDONLY or inode == virtual.DIR:
                 raise NotPermitted("MOUNT/.spool/ is read-only")
-            h = Handle(inode, None, self._render(inode), False)
+            h = Handle(inode, None, await self._render(inode, ctx), False)
             return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True, keep_cache=False)
         h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
                                   bool(flags & os.O_TRUNC), _who(ctx))

@@ -32,7 +32,8 @@ from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed, staging_error
 from spoolfs.service.guard import DiskGuard
 from spoolfs.service.policies import Policies, check_fanout
-from spoolfs.service.roles import inherit
+from spoolfs.service.roles import Caller, inherit
+from spoolfs.service.snapshots import Full, Snapshots, shown_to
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Spool:
         #: link count of every message sharing content that was linked or released)
         self.on_stale: Callable[[list[int]], None] = lambda ids: None
         self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
+        self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
 
     async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
         return await self.committer.submit(fn, durable)
@@ -120,10 +122,17 @@ class Spool:
             raise NotADirectory()
         return [e for e in self.r.children(parent) if not e.hidden]
 
-    def snapshot(self, only_queue: int | None = None) -> dict[str, Any]:
-        """What ``spoolfs status`` shows (DESIGN §7)."""
-        return status.snapshot(self.r, self.store_dir, self.policies.of, self.clock(),
-                               only_queue)
+    async def snapshot(self, caller: Caller | None = None, only_queue: int | None = None
+                       ) -> dict[str, Any]:
+        """What ``spoolfs status`` shows (DESIGN §7), as ``caller`` may see it (``None``: all
+        queues); computed off the event loop (service/snapshots.py)."""
+        return shown_to(await self.snapshots.get(), caller, only_queue)
+
+    def _full_snapshot(self) -> Full:
+        """Every queue's figures, in a worker thread on the store's scan connection."""
+        with self.store.scan() as r:
+            return Full(status.snapshot(r, self.store_dir, self.policies.of, self.clock()),
+                        status.access(r))
 
     def being_written(self, entry_id: int) -> bool:
         """Whether a writable handle on the entry is open through this daemon."""

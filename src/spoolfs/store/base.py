@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -223,6 +224,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def reader(self) -> ReadTx:
         """Queries for the calling thread (the event loop); never blocks on writers."""
+
+    @abc.abstractmethod
+    def scan(self) -> AbstractContextManager[ReadTx]:
+        """Queries for a worker thread, on a read-only connection of their own and all from
+        one committed state: a long scan (the status snapshot) never holds up ``reader()``
+        or the writers. One scan runs at a time; others wait for it."""
 
     @abc.abstractmethod
     def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,

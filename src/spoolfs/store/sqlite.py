@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from spoolfs.core.errors import SpoolError, StoreFailure, StoreFull
@@ -296,6 +298,8 @@ class SqliteStore(Store):
         self._writer = SqliteWrite(self._wconn)
         self._sync = "FULL"
         self._busy_ms = BUSY_TIMEOUT_MS
+        self._scan_conn: sqlite3.Connection | None = None  # opened at the first scan
+        self._scan_lock = threading.Lock()
 
     def _init_schema(self) -> None:
         c = self._wconn
@@ -335,6 +339,19 @@ class SqliteStore(Store):
 
     def reader(self) -> ReadTx:
         return self._reader
+
+    @contextmanager
+    def scan(self) -> Iterator[ReadTx]:
+        with self._scan_lock:
+            if self._scan_conn is None:
+                self._scan_conn = _connect(self.path)
+                self._scan_conn.execute("PRAGMA query_only=ON")
+            conn = self._scan_conn
+            conn.execute("BEGIN")  # every query below sees the same committed state
+            try:
+                yield SqliteRead(conn)
+            finally:
+                conn.execute("COMMIT")
 
     def _set_sync(self, mode: str) -> None:
         if mode != self._sync:
@@ -393,6 +410,9 @@ class SqliteStore(Store):
         return results
 
     def close(self) -> None:
+        with self._scan_lock:
+            if self._scan_conn is not None:
+                self._scan_conn.close()
         self._rconn.close()
         self._wconn.close()
 
