@@ -128,11 +128,14 @@ class StagingDir:
             self._bucket(entry_id)
         return os.open(self.path(entry_id), flags, 0o600)
 
-    def touch(self, entry_id: int, mtime_ns: int) -> None:
-        """Set an upload's modification time (it is the staging file's)."""
+    def touch(self, entry_id: int, atime_ns: int | None, mtime_ns: int | None) -> None:
+        """Set an upload's access and modification times (they are the staging file's); None
+        keeps the one it names."""
         fd = self.open(entry_id, create=True)
         try:
-            os.utime(fd, ns=(mtime_ns, mtime_ns))
+            st = os.fstat(fd)
+            os.utime(fd, ns=(st.st_atime_ns if atime_ns is None else atime_ns,
+                             st.st_mtime_ns if mtime_ns is None else mtime_ns))
         finally:
             os.close(fd)
 

@@ -148,13 +148,10 @@ class Operations(pyfuse3.Operations):
         a.st_uid = e.uid
         a.st_gid = e.gid
         a.st_rdev = 0
-        size, mtime_ns = self.spool.size_and_mtime(e)
+        size, a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = self.spool.times(e)
         a.st_size = size if e.kind in ("message", "member") and not stat.S_ISDIR(e.mode) else 0
         a.st_blksize = 4096
         a.st_blocks = (a.st_size + 511) // 512
-        a.st_atime_ns = mtime_ns
-        a.st_mtime_ns = mtime_ns
-        a.st_ctime_ns = e.ctime_ns
         return a
 
     def _remember(self, e: Entry, attr: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
@@ -246,16 +243,14 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
-        mtime = None
-        if fields.update_mtime:
-            mtime = attr.st_mtime_ns
         e = await self.spool.setattr(
             self._sid(inode),
             size=attr.st_size if fields.update_size else None,
             mode=attr.st_mode if fields.update_mode else None,
             uid=attr.st_uid if fields.update_uid else None,
             gid=attr.st_gid if fields.update_gid else None,
-            mtime_ns=mtime, who=_who(ctx))
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None, who=_who(ctx))
         return self._attr(e)
 
     @_guard

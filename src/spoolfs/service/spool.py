@@ -138,20 +138,22 @@ class Spool:
         """Whether a writable handle on the entry is open through this daemon."""
         return entry_id in self._writers
 
-    def size_and_mtime(self, e: Entry) -> tuple[int, int]:
-        """An upload's size and modification time are its staging file's: writes and
-        truncates need no transaction, and every daemon on the store sees the same figures."""
+    def size_of(self, e: Entry) -> int:
+        return self.times(e)[0]
+
+    def times(self, e: Entry) -> tuple[int, int, int, int]:
+        """(size, atime, mtime, ctime). An upload's are its staging file's, whose change time
+        moves on every write and truncate; a rename or chmod moves the row's."""
         if e.staged:
             try:
                 st = os.stat(self.content.staging.path(e.id))
             except OSError:
                 pass
             else:
-                return st.st_size, st.st_mtime_ns
-        return e.size, e.mtime_ns
-
-    def size_of(self, e: Entry) -> int:
-        return self.size_and_mtime(e)[0]
+                return st.st_size, st.st_atime_ns, st.st_mtime_ns, max(e.ctime_ns,
+                                                                        st.st_ctime_ns)
+        atime = e.atime_ns if e.atime_ns is not None else e.mtime_ns
+        return e.size, atime, e.mtime_ns, e.ctime_ns
 
     def nlink_of(self, e: Entry) -> int:
         """A file's link count is the number of messages sharing its content; a directory's
@@ -691,7 +693,9 @@ class Spool:
                 fields.update(retry_ns=None, abandoned=0)
             if action is Action.PUBLISH:
                 fields.update(enqueued_ns=now, hidden=int(defer))
-            elif action is Action.CLAIM:
+            if action in self.TAKES_OWNERSHIP:
+                fields.update(uid=who.uid, gid=inherit(d, who.gid, src.mode, is_dir=False)[0])
+            if action is Action.CLAIM:
                 fields.update(claimed_ns=now, attempts=src.attempts + 1,
                               lease_ns=L.lease_end(policy, now))
             elif action is Action.FINISH:
@@ -727,6 +731,12 @@ class Spool:
             self.on_gone(new_parent, new_name)
             self._link_counts_changed(self.get(src.id).blob)
         return defer
+
+    #: A claim makes the claimer the message's owner (its group: the view's, when setgid), so
+    #: that whoever holds a claim may heartbeat (``touch``), annotate (``setfattr``) and chmod
+    #: it under the kernel's checks, however the producer left its mode; a hand-over makes the
+    #: caller the owner. The owner stays when the message moves on.
+    TAKES_OWNERSHIP = frozenset({Action.CLAIM, Action.HANDOVER})
 
     #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT
     STALE_MAX = 1000
@@ -858,16 +868,22 @@ class Spool:
 
     async def setattr(self, entry_id: int, *, size: int | None = None, mode: int | None = None,
                       uid: int | None = None, gid: int | None = None,
-                      mtime_ns: int | None = None, who: Who) -> Entry:
+                      atime_ns: int | None = None, mtime_ns: int | None = None,
+                      who: Who) -> Entry:
+        """Truncate an upload, or change anyone's mode, owner or times. Only content is
+        immutable once published: metadata changes as the kernel's permission checks allow,
+        in every state (``install -m``, ``shutil.move`` and ``cp -p`` set it right after the
+        copy, and would report a publish that worked as a failure)."""
         e = self.get(entry_id)
-        if e.kind in ("message", MEMBER) and (size is not None or mode is not None
-                                              or uid is not None or gid is not None):
-            self._check_modify(e)
         if size is not None:
+            if e.kind in ("message", MEMBER):
+                self._check_modify(e)
             self.truncate(e, size)
-        if mtime_ns is not None and e.kind in ("message", MEMBER) and e.staged:
-            self.content.staging.touch(e.id, mtime_ns)
+        if (atime_ns is not None or mtime_ns is not None) and e.staged:
+            self.content.staging.touch(e.id, atime_ns, mtime_ns)
         fields: dict[str, Any] = {}
+        if atime_ns is not None and not e.staged:
+            fields["atime_ns"] = atime_ns
         if mode is not None:
             fields["mode"] = (e.mode & ~0o7777) | (mode & 0o7777)
         if uid is not None:

@@ -22,7 +22,7 @@ ENTRY_COLUMNS = (
     "id", "parent", "name", "kind", "queue", "state", "hidden", "blob", "staged", "size",
     "mode", "uid", "gid", "mtime_ns", "ctime_ns", "created_ns", "enqueued_ns", "claimed_ns",
     "finished_ns", "attempts", "consumer", "error", "lease_ns", "retry_ns", "abandoned",
-    "duplicate_of",
+    "duplicate_of", "atime_ns",
 )  # fmt: skip
 
 
@@ -54,6 +54,7 @@ class Entry:
     retry_ns: int | None
     abandoned: bool
     duplicate_of: int | None
+    atime_ns: int | None  # None: the access time is the modification time
     refs: int | None = None  # references to its blob: the link count
 
     @classmethod
