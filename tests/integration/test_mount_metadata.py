@@ -139,3 +139,27 @@ def test_ctime_moves_on_write_truncate_and_o_trunc(q: Queue) -> None:
     for what, ctime in steps:
         assert ctime > before, f"ctime did not move on {what}"
         before = ctime
+
+
+def test_a_file_and_a_batch_never_replace_each_other_in_partial(q: Queue) -> None:
+    """As rename(2) on any file system: a file onto a directory is EISDIR, a directory onto a
+    file ENOTDIR, a directory onto a non-empty one ENOTEMPTY; nothing is lost."""
+    q.put("f", b"f\n")
+    os.mkdir(q.partial / "b")
+    (q.partial / "b" / "inside").write_bytes(b"in\n")
+    os.mkdir(q.partial / "empty")
+    expect_errno(errno.EISDIR, os.rename, q.partial / "f", q.partial / "b")
+    expect_errno(errno.ENOTDIR, os.rename, q.partial / "b", q.partial / "f")
+    expect_errno(errno.ENOTEMPTY, os.rename, q.partial / "empty", q.partial / "b")
+    assert read(q.partial / "b" / "inside") == b"in\n" and read(q.partial / "f") == b"f\n"
+    os.rename(q.partial / "b", q.partial / "empty")
+    assert ls(q.partial) == ["empty", "f"]
+    assert read(q.partial / "empty" / "inside") == b"in\n"
+
+
+def test_ctime_of_a_direct_publish_is_when_it_appeared(q: Queue) -> None:
+    path = q.ready / "f"
+    with open(path, "wb") as f:
+        f.write(b"x\n")
+    st = os.stat(path)
+    assert st.st_ctime_ns >= st.st_mtime_ns, "ctime went back to the upload's creation"

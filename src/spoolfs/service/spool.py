@@ -617,7 +617,7 @@ class Spool:
             if cur is None or not cur.hidden:
                 raise NotFound()
             self.content.attach(tx, e.id, sealed)
-            tx.update(e.id, hidden=0, enqueued_ns=now)
+            tx.update(e.id, hidden=0, enqueued_ns=now, ctime_ns=now)
             tx.add_history(e.id, now, Action.PUBLISH.value, "upload", place(cur), who.uid,
                            who.pid, None)
             self._arrive(tx, e.id, now, who)
@@ -680,8 +680,12 @@ class Spool:
                 if flags & RENAME_NOREPLACE or old.hidden:
                     raise Exists("target exists")
                 rules.decide_replace(dst_kind, False)
-                if old.kind != "message":
-                    raise IsADirectory()
+                if old.kind != "message" or (is_dir(old) and not is_dir(src)):
+                    raise IsADirectory(f"{old.name!r} is a directory")
+                if is_dir(src) and not is_dir(old):
+                    raise NotADirectory(f"{old.name!r} is not a directory")
+                if is_dir(old) and tx.has_children(old.id):
+                    raise NotEmpty(f"batch {old.name!r} is not empty")
                 self.delete_message(tx, old, cleanup)
                 tx.add_history(old.id, now, "replaced", place(old), None, who.uid, who.pid,
                                f"replaced by {src.id}")
