@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 import stat
 from collections.abc import Awaitable, Callable
 
@@ -67,6 +68,11 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None)
         opts = fuse_options(store_dir, options)
+        listeners: list[socket.socket] = []
+        if metrics_listen:  # bound before mounting: a port in use is an error, not a mount
+            from spoolfs import metrics_http
+
+            listeners = metrics_http.bind(metrics_listen)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
         pf = pidfile(mountpoint)
@@ -80,8 +86,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
                 f.write(f"{os.getpid()}\n")
             log.info("spoolfs: mounted %s on %s (pid %d)", store_dir, mountpoint, os.getpid())
             try:
-                trio.run(_main, spool, on_ready, metrics_listen,
-                         root_id if root_id != 1 else None)
+                trio.run(_main, spool, on_ready, listeners, root_id if root_id != 1 else None)
             finally:
                 pyfuse3.close(unmount=True)
         finally:
@@ -95,7 +100,8 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
 
 
 async def _main(spool: Spool, on_ready: Callable[[], None],
-                metrics_listen: str | None = None, only_queue: int | None = None) -> None:
+                listeners: list[socket.socket] | None = None,
+                only_queue: int | None = None) -> None:
     lifecycle = Lifecycle(spool)
     metrics = trio.CancelScope()
     async with trio.open_nursery() as nursery:
@@ -105,8 +111,8 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
         nursery.start_soon(_signals, signals)
         nursery.start_soon(_run_in, timers, lifecycle.run,
                            functools.partial(gc.periodic, spool.store_dir))
-        if metrics_listen:  # listening before the mount is reported ready
-            await nursery.start(_metrics, metrics, metrics_listen, spool, only_queue)
+        if listeners:  # answering before the mount is reported ready
+            await nursery.start(_metrics, metrics, listeners, spool, only_queue)
         on_ready()
         try:
             await pyfuse3.main()
@@ -121,12 +127,13 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
              lifecycle.expired, lifecycle.retried, lifecycle.purged)
 
 
-async def _metrics(scope: trio.CancelScope, listen: str, spool: Spool, only_queue: int | None,
-                   *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def _metrics(scope: trio.CancelScope, listeners: list[socket.socket], spool: Spool,
+                   only_queue: int | None, *,
+                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     from spoolfs import metrics_http
 
     with scope:
-        await metrics_http.serve(listen, lambda: spool.snapshot(only_queue=only_queue),
+        await metrics_http.serve(listeners, lambda: spool.snapshot(only_queue=only_queue),
                                  task_status=task_status)
 
 
