@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import pyfuse3
 import trio
 
+from spoolfs import private
 from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.fuse.ops import Operations
 from spoolfs.notify import notify
@@ -58,6 +59,15 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
           on_ready: Callable[[], None] = lambda: None, *,
           metrics_listen: str | None = None) -> None:
     """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live."""
+    os.umask(private.UMASK)  # whatever the daemon creates is its user's alone
+    try:
+        os.makedirs(store_dir, mode=private.DIR_MODE, exist_ok=True)
+        tightened = private.tighten(store_dir)
+    except OSError as e:
+        raise UserError(f"cannot make store {store_dir} private: {e.strerror or e}") from e
+    if tightened:
+        log.warning("store %s was open to other users: removed their access to %d path(s) "
+                    "(e.g. %s)", store_dir, len(tightened), ", ".join(tightened[:3]))
     try:
         store = open_store(store_dir)
     except Exception as e:
@@ -75,13 +85,12 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
             listeners = metrics_http.bind(metrics_listen)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
-        pf = pidfile(mountpoint)
+        pf = pidfile(mountpoint, store_dir)
         try:
             pyfuse3.init(ops, mountpoint, opts)
         except RuntimeError as e:
             raise UserError(f"cannot mount {mountpoint}: {e}") from e
         try:
-            os.makedirs(os.path.dirname(pf), exist_ok=True)
             with open(pf, "w") as f:
                 f.write(f"{os.getpid()}\n")
             log.info("spoolfs: mounted %s on %s (pid %d)", store_dir, mountpoint, os.getpid())
