@@ -6,14 +6,12 @@ import functools
 import logging
 import os
 import signal
-import socket
 import stat
 from collections.abc import Awaitable, Callable
 
 import pyfuse3
 import trio
 
-from spoolfs import private
 from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.fuse.ops import Operations
 from spoolfs.notify import notify
@@ -59,15 +57,6 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
           on_ready: Callable[[], None] = lambda: None, *,
           metrics_listen: str | None = None) -> None:
     """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live."""
-    os.umask(private.UMASK)  # whatever the daemon creates is its user's alone
-    try:
-        os.makedirs(store_dir, mode=private.DIR_MODE, exist_ok=True)
-        tightened = private.tighten(store_dir)
-    except OSError as e:
-        raise UserError(f"cannot make store {store_dir} private: {e.strerror or e}") from e
-    if tightened:
-        log.warning("store %s was open to other users: removed their access to %d path(s) "
-                    "(e.g. %s)", store_dir, len(tightened), ", ".join(tightened[:3]))
     try:
         store = open_store(store_dir)
     except Exception as e:
@@ -78,24 +67,21 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None)
         opts = fuse_options(store_dir, options)
-        listeners: list[socket.socket] = []
-        if metrics_listen:  # bound before mounting: a port in use is an error, not a mount
-            from spoolfs import metrics_http
-
-            listeners = metrics_http.bind(metrics_listen)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
-        pf = pidfile(mountpoint, store_dir)
+        pf = pidfile(mountpoint)
         try:
             pyfuse3.init(ops, mountpoint, opts)
         except RuntimeError as e:
             raise UserError(f"cannot mount {mountpoint}: {e}") from e
         try:
+            os.makedirs(os.path.dirname(pf), exist_ok=True)
             with open(pf, "w") as f:
                 f.write(f"{os.getpid()}\n")
             log.info("spoolfs: mounted %s on %s (pid %d)", store_dir, mountpoint, os.getpid())
             try:
-                trio.run(_main, spool, on_ready, listeners, root_id if root_id != 1 else None)
+                trio.run(_main, spool, on_ready, metrics_listen,
+                         root_id if root_id != 1 else None)
             finally:
                 pyfuse3.close(unmount=True)
         finally:
@@ -109,8 +95,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
 
 
 async def _main(spool: Spool, on_ready: Callable[[], None],
-                listeners: list[socket.socket] | None = None,
-                only_queue: int | None = None) -> None:
+                metrics_listen: str | None = None, only_queue: int | None = None) -> None:
     lifecycle = Lifecycle(spool)
     metrics = trio.CancelScope()
     async with trio.open_nursery() as nursery:
@@ -120,8 +105,8 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
         nursery.start_soon(_signals, signals)
         nursery.start_soon(_run_in, timers, lifecycle.run,
                            functools.partial(gc.periodic, spool.store_dir))
-        if listeners:  # answering before the mount is reported ready
-            await nursery.start(_metrics, metrics, listeners, spool, only_queue)
+        if metrics_listen:  # listening before the mount is reported ready
+            await nursery.start(_metrics, metrics, metrics_listen, spool, only_queue)
         on_ready()
         try:
             await pyfuse3.main()
@@ -136,13 +121,12 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
              lifecycle.expired, lifecycle.retried, lifecycle.purged)
 
 
-async def _metrics(scope: trio.CancelScope, listeners: list[socket.socket], spool: Spool,
-                   only_queue: int | None, *,
-                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def _metrics(scope: trio.CancelScope, listen: str, spool: Spool, only_queue: int | None,
+                   *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     from spoolfs import metrics_http
 
     with scope:
-        await metrics_http.serve(listeners, lambda: spool.snapshot(only_queue=only_queue),
+        await metrics_http.serve(listen, lambda: spool.snapshot(only_queue=only_queue),
                                  task_status=task_status)
 
 

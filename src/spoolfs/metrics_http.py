@@ -1,16 +1,11 @@
 """``--metrics-listen HOST:PORT``: the daemon answers ``GET /metrics`` (Prometheus text) and
 ``GET /status`` (JSON) over HTTP, on its own event loop, from the same snapshot as
-``MOUNT/.spool/``. A tiny HTTP/1.0 responder: one request per connection.
-
-Without a host (``:PORT``) it listens on loopback only: the status names every queue and its
-depth, which is nobody else's business unless the operator says so (``0.0.0.0:PORT``)."""
+``MOUNT/.spool/``. A tiny HTTP/1.0 responder: one request per connection."""
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -30,35 +25,12 @@ def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise UserError(f"--metrics-listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def bind(text: str) -> list[socket.socket]:
-    """Listening sockets for ``HOST:PORT`` (every address the host name has), made before the
-    mount so that a port in use is one line and no mount at all."""
-    host, port = parse_listen(text)
-    socks: list[socket.socket] = []
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        for family, kind, proto, _, addr in infos:
-            s = socket.socket(family, kind, proto)
-            socks.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # ::'s listener must not take 0.0.0.0's port too
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            s.bind(addr)
-            s.listen()
-    except OSError as e:
-        for s in socks:
-            s.close()
-        why = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
-        raise UserError(f"--metrics-listen {text}: cannot listen on {host}:{port}: {why}") from None
-    return socks
-
-
-async def serve(socks: list[socket.socket], snapshot: Callable[[], dict[str, Any]], *,
+async def serve(listen: str, snapshot: Callable[[], dict[str, Any]], *,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Answer on the sockets of ``bind`` until cancelled."""
+    host, port = parse_listen(listen)
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
@@ -89,10 +61,7 @@ async def serve(socks: list[socket.socket], snapshot: Callable[[], dict[str, Any
         finally:
             await stream.aclose()
 
-    listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in socks]
-    for s in socks:
-        host, port = s.getsockname()[:2]
-        log.info("metrics: serving http://%s/metrics",
-                 f"[{host}]:{port}" if s.family == socket.AF_INET6 else f"{host}:{port}")
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    log.info("metrics: serving http://%s:%d/metrics", host, port)
     task_status.started()
     await trio.serve_listeners(handle, listeners)

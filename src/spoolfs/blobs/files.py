@@ -12,8 +12,6 @@ import hashlib
 import os
 
 CHUNK = 1 << 20
-#: directories of the store are its user's alone (files are 0600; see spoolfs/private.py)
-PRIVATE = 0o700
 
 
 def fsync_dir(path: str) -> None:
@@ -39,7 +37,7 @@ def hash_file(fd: int) -> tuple[bytes, int]:
 class BlobDir:
     def __init__(self, root: str) -> None:
         self.root = root
-        os.makedirs(root, mode=PRIVATE, exist_ok=True)
+        os.makedirs(root, exist_ok=True)
 
     def path(self, sha256: bytes, blob_id: int) -> str:
         hexd = sha256.hex()
@@ -51,7 +49,7 @@ class BlobDir:
         dst = self.path(sha256, blob_id)
         d = os.path.dirname(dst)
         if not os.path.isdir(d):
-            os.makedirs(d, mode=PRIVATE, exist_ok=True)
+            os.makedirs(d, exist_ok=True)
             fsync_dir(os.path.dirname(d))
             fsync_dir(self.root)
         try:
@@ -92,7 +90,7 @@ class StagingDir:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        os.makedirs(root, mode=PRIVATE, exist_ok=True)
+        os.makedirs(root, exist_ok=True)
         self._made: set[int] = set()
 
     def adopt_flat_layout(self) -> int:
@@ -110,7 +108,7 @@ class StagingDir:
         b = entry_id >> self.BUCKET_BITS
         d = os.path.join(self.root, f"{b:x}")
         if b not in self._made:
-            os.makedirs(d, mode=PRIVATE, exist_ok=True)
+            os.makedirs(d, exist_ok=True)
             self._made.add(b)
         return d
 

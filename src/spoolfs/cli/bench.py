@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spoolfs.core.errors import UserError
-from spoolfs.runtime import read_pid
+from spoolfs.runtime import pidfile
 
 STATES = ("partial", "ready", "working", "success", "error")
 WORKLOADS = ("small", "claims", "shell", "large")
@@ -391,7 +391,11 @@ def mount(store: str, mnt: str, log: str) -> int:
         message = err.read().decode(errors="replace").strip()
     if res.returncode != 0:
         raise UserError(f"bench: cannot mount a temporary spool: {message}")
-    return read_pid(mnt) or 0
+    try:
+        with open(pidfile(mnt)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 def unmount(mnt: str) -> bool:

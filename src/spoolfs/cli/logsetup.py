@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
-import stat
 import sys
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -41,9 +40,7 @@ def setup(level: str, log_file: str | None, foreground: bool) -> None:
     root.handlers.clear()
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     handler: logging.Handler
-    tightened = ""
     if log_file:
-        tightened = _private_log(log_file)
         handler = logging.FileHandler(log_file)
         handler.setFormatter(logging.Formatter(FORMAT))
     elif foreground:
@@ -59,26 +56,3 @@ def setup(level: str, log_file: str | None, foreground: bool) -> None:
     else:
         handler = logging.NullHandler()
     root.addHandler(handler)
-    if tightened:
-        logging.getLogger("spoolfs").warning("log file %s was open to other users: %s",
-                                             log_file, tightened)
-
-
-#: A log names messages, queues and users: the file is 0600 when spoolfs makes it. An existing
-#: one keeps read access for its group (an admin's ``adm`` log group, say), never more.
-LOG_MODE = 0o600
-LOG_MODE_MAX = 0o640
-
-
-def _private_log(path: str) -> str:
-    """Make ``path`` (0600 when new) and take away what goes beyond 0640; returns the change
-    made, or ""."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE)
-    try:
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        if mode & ~LOG_MODE_MAX:
-            os.fchmod(fd, mode & LOG_MODE_MAX)
-            return f"mode {mode:04o}->{mode & LOG_MODE_MAX:04o}"
-        return ""
-    finally:
-        os.close(fd)

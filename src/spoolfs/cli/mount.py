@@ -60,8 +60,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="log to this file")
     p.add_argument("--log-level", choices=LEVELS, help="default: info")
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
-                   help="serve /metrics (Prometheus) and /status (JSON) over HTTP; "
-                   "without a HOST (:PORT) on 127.0.0.1 only")
+                   help="serve /metrics (Prometheus) and /status (JSON) over HTTP")
     return p
 
 
@@ -93,8 +92,6 @@ def run(argv: list[str]) -> int:
         if given is not None and given != value:
             raise UserError(f"--{key.replace('_', '-')} {given} and -o {key}={value} disagree", 2)
         setattr(args, key, value)
-    if args.queue == "":  # not "no queue": an empty name would mount the whole spool
-        raise UserError("--queue needs a queue name", 2)
     args.log_level = args.log_level or "info"
     if args.log_level not in LEVELS:
         raise UserError(f"log_level={args.log_level}: expected one of {', '.join(LEVELS)}", 2)

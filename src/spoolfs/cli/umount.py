@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from spoolfs.core.errors import UserError
-from spoolfs.runtime import read_pid
+from spoolfs.runtime import pidfile
 
 
 def _alive(pid: int) -> bool:
@@ -31,7 +31,12 @@ def run(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args(argv)
     mp = os.path.abspath(args.mountpoint)
-    pid = read_pid(mp)
+    pid = None
+    try:
+        with open(pidfile(mp)) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        pass
     if not os.path.ismount(mp):
         raise UserError(f"{mp} is not mounted")
     res = subprocess.run(["fusermount3", "-u", mp], capture_output=True, text=True)

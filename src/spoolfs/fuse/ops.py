@@ -64,12 +64,11 @@ def _guard(fn: F) -> F:
             raise
         except SpoolError as e:
             if not isinstance(e, NotFound) or e.hint:
-                log.info("refused %s%s: %s (%s)", fn.__name__, self._describe(fn.__name__, args),
+                log.info("refused %s%s: %s (%s)", fn.__name__, self._describe(args),
                          errno.errorcode.get(e.errno, e.errno), e.hint)
             raise pyfuse3.FUSEError(e.errno) from None
         except Exception:
-            log.exception("internal error in %s%s", fn.__name__,
-                          self._describe(fn.__name__, args))
+            log.exception("internal error in %s%s", fn.__name__, self._describe(args))
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper  # type: ignore[return-value]
@@ -123,16 +122,9 @@ class Operations(pyfuse3.Operations):
         if self.roles is not None and ctx is not None:
             self.roles.check(ctx.uid, ctx.gid, ctx.pid, change, remove)
 
-    #: The argument (position after ``self``) that carries content, by handler: logged as its
-    #: size only, since a log must never hold message data or header values. Names are bytes
-    #: too, and are shown.
-    CONTENT_ARG = {"write": 2, "setxattr": 2}
-
-    def _describe(self, handler: str, args: Sequence[Any]) -> str:
-        content = self.CONTENT_ARG.get(handler)
-        shown = [f"<{len(a)} bytes>" if i == content else repr(a) for i, a in enumerate(args)
-                 if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
-        return "(" + ", ".join(shown[:4]) + ")"
+    def _describe(self, args: Sequence[Any]) -> str:
+        shown = [a for a in args if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
+        return "(" + ", ".join(repr(a) for a in shown[:4]) + ")"
 
     def _attr(self, e: Entry) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()

@@ -458,14 +458,14 @@ class Fsck:
         """Keep what is left of damaged content in ``STORE/lost+found/``."""
         d = os.path.join(self.store_dir, LOST_AND_FOUND)
         try:
-            os.makedirs(d, mode=0o700, exist_ok=True)  # the store is private (private.py)
+            os.makedirs(d, exist_ok=True)
             dst = os.path.join(d, name)
             n = 0
             while os.path.lexists(dst):
                 n += 1
                 dst = os.path.join(d, f"{name}.~{n}~")
             if data is not None:
-                with open(dst, "xb", opener=lambda p, fl: os.open(p, fl, 0o600)) as f:
+                with open(dst, "xb") as f:
                     f.write(data)
             else:
                 os.rename(path, dst)

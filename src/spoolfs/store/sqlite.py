@@ -327,8 +327,5 @@ class SqliteStore(Store):
 
 
 def open_store(store_dir: str) -> SqliteStore:
-    os.makedirs(store_dir, mode=0o700, exist_ok=True)  # private to its user (spoolfs/private.py)
-    path = os.path.join(store_dir, "meta.db")
-    # made 0600 before SQLite opens it: SQLite gives -wal and -shm the database's own mode
-    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
-    return SqliteStore(path)
+    os.makedirs(store_dir, exist_ok=True)
+    return SqliteStore(os.path.join(store_dir, "meta.db"))
