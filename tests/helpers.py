@@ -28,6 +28,11 @@ T = TypeVar("T")
 
 STATES = ("partial", "ready", "working", "success", "error")
 PID_RE = re.compile(rb"\(pid (\d+)\)")
+#: How many times slower than a quiet developer machine this one may be (SPOOLFS_TEST_SLOW;
+#: CI at a load average of 20 on 2 cores needs about 5). Every deadline a test waits for is
+#: multiplied by it: a deadline only bounds how long a broken test takes to fail, never how long
+#: a passing one takes, so the default is generous.
+SLOW = float(os.environ.get("SPOOLFS_TEST_SLOW", "5"))
 CMD_TIMEOUT = 60.0
 MOUNT_TIMEOUT = 30.0
 
@@ -35,6 +40,11 @@ Arg = str | bytes | os.PathLike[str]
 
 
 # --------------------------------------------------------------------------- waiting
+
+
+def patience(seconds: float) -> float:
+    """A deadline of ``seconds`` on a quiet machine, stretched for this one (see ``SLOW``)."""
+    return seconds * SLOW
 
 
 def wait_until(
@@ -46,9 +56,12 @@ def wait_until(
 ) -> T:
     """Poll ``predicate`` until it returns a truthy value and return that value.
 
+    ``timeout`` is what a quiet machine needs; the deadline is ``patience(timeout)``.
+
     ``alive`` is called between polls and should raise when something the wait depends on has
     died (so a dead daemon fails the test at once instead of after the deadline).
     """
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     interval = 0.002
     while True:
@@ -61,6 +74,23 @@ def wait_until(
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
         interval = min(interval * 2, 0.05)
+
+
+def stretched(first: float, attempt: Callable[[float], bool], *, what: str,
+              tries: int = 3) -> None:
+    """Run a scenario whose premise is "these steps fit in a span of time" (a lease, a
+    duplicates window), with a span 4 times longer each time the machine was too slow for it.
+
+    ``attempt(span)`` sets the span up on fresh objects, runs its steps and returns False when
+    they took longer than the span (before it concludes anything that depends on the span),
+    True once it has checked everything. The checks stay exact; only the span adapts.
+    """
+    span = first
+    for _ in range(tries):
+        if attempt(span):
+            return
+        span *= 4
+    raise AssertionError(f"{what}: the steps never fitted in the span, up to {span / 4:g}s")
 
 
 # --------------------------------------------------------------------------- processes
@@ -130,7 +160,8 @@ def run(argv: Sequence[Arg], *, input: bytes | None = None, cwd: Arg | None = No
         timeout: float = CMD_TIMEOUT) -> subprocess.CompletedProcess[bytes]:
     """Run a short-lived tool, capturing stdout and stderr as bytes."""
     return subprocess.run(list(argv), input=input, cwd=cwd, capture_output=True,
-                          timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
+                          timeout=patience(timeout),
+                          stdin=None if input is not None else subprocess.DEVNULL)
 
 
 def _show(argv: Sequence[Arg]) -> str:
@@ -166,7 +197,7 @@ def spoolfs_cli(*args: Arg, timeout: float = MOUNT_TIMEOUT) -> subprocess.Comple
     argv = [sys.executable, "-m", "spoolfs", *args]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                             timeout=timeout, cwd="/")
+                             timeout=patience(timeout), cwd="/")
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(argv, res.returncode, out.read(), err.read())
@@ -600,7 +631,7 @@ def start_claimers(queue_dirs: Sequence[Path], consumers: Sequence[str], logdir:
         log, err = logdir / f"claims-{c}", logdir / f"errors-{c}"
         qdir = queue_dirs[i % len(queue_dirs)]
         p = subprocess.Popen(["bash", "-c", CLAIM_LOOP, "claim", str(qdir), c, str(log), str(err),
-                              str(limit)],
+                              str(int(patience(limit)))],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
         procs.append((c, p, log, err))
@@ -614,11 +645,11 @@ def finish_claimers(procs: list[tuple[str, subprocess.Popen[bytes], Path, Path]]
     problems = []
     for c, p, log, err in procs:
         try:
-            _, stderr = p.communicate(timeout=timeout)
+            _, stderr = p.communicate(timeout=patience(timeout))
         except subprocess.TimeoutExpired:
             p.kill()
             p.communicate()
-            problems.append(f"consumer {c} did not finish in {timeout}s")
+            problems.append(f"consumer {c} did not finish in {patience(timeout):g}s")
             continue
         if p.returncode != 0:
             problems.append(

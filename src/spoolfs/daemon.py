@@ -6,21 +6,24 @@ import functools
 import logging
 import os
 import signal
+import socket
 import stat
 from collections.abc import Awaitable, Callable
 
 import pyfuse3
 import trio
 
-from spoolfs.core.errors import SpoolError, UserError
+from spoolfs import metrics_http
+from spoolfs.core.errors import SpoolError, StoreFailure, UserError
 from spoolfs.fuse.ops import Operations
 from spoolfs.notify import notify
-from spoolfs.runtime import pidfile
+from spoolfs.runtime import make_runtime_dir, pidfile
 from spoolfs.service import gc
 from spoolfs.service.lifecycle import Lifecycle
 from spoolfs.service.recovery import recover
 from spoolfs.service.roles import STRICT_ROLES, Gate
 from spoolfs.service.spool import Spool, Who
+from spoolfs.store.private import tighten
 from spoolfs.store.sqlite import open_store
 
 log = logging.getLogger("spoolfs")
@@ -57,31 +60,40 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
           on_ready: Callable[[], None] = lambda: None, *,
           metrics_listen: str | None = None) -> None:
     """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live."""
+    os.umask(0o077)  # what the daemon creates (store files, pid file) is its owner's alone
     try:
+        if os.path.isdir(store_dir):
+            tighten(store_dir)
         store = open_store(store_dir)
     except Exception as e:
         raise UserError(f"cannot open store {store_dir}: {e}") from e
     spool = Spool(store, store_dir)
     try:
-        recover(spool)
+        try:
+            recover(spool)
+        except StoreFailure as e:  # the disk full, say: one line, as for the open above
+            raise UserError(f"cannot recover store {store_dir}: {e.hint}") from e
+        spool.guard.make_reserve()
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None)
         opts = fuse_options(store_dir, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
+        make_runtime_dir()
         pf = pidfile(mountpoint)
+        listeners = metrics_http.bind(metrics_listen) if metrics_listen else []
         try:
             pyfuse3.init(ops, mountpoint, opts)
         except RuntimeError as e:
+            for sock in listeners:
+                sock.close()
             raise UserError(f"cannot mount {mountpoint}: {e}") from e
         try:
-            os.makedirs(os.path.dirname(pf), exist_ok=True)
             with open(pf, "w") as f:
                 f.write(f"{os.getpid()}\n")
             log.info("spoolfs: mounted %s on %s (pid %d)", store_dir, mountpoint, os.getpid())
             try:
-                trio.run(_main, spool, on_ready, metrics_listen,
-                         root_id if root_id != 1 else None)
+                trio.run(_main, spool, on_ready, listeners, root_id if root_id != 1 else None)
             finally:
                 pyfuse3.close(unmount=True)
         finally:
@@ -95,7 +107,8 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
 
 
 async def _main(spool: Spool, on_ready: Callable[[], None],
-                metrics_listen: str | None = None, only_queue: int | None = None) -> None:
+                listeners: list[socket.socket] | None = None,
+                only_queue: int | None = None) -> None:
     lifecycle = Lifecycle(spool)
     metrics = trio.CancelScope()
     async with trio.open_nursery() as nursery:
@@ -104,9 +117,10 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
         signals = trio.CancelScope()
         nursery.start_soon(_signals, signals)
         nursery.start_soon(_run_in, timers, lifecycle.run,
-                           functools.partial(gc.periodic, spool.store_dir))
-        if metrics_listen:  # listening before the mount is reported ready
-            await nursery.start(_metrics, metrics, metrics_listen, spool, only_queue)
+                           functools.partial(gc.periodic, spool.store_dir),
+                           spool.guard.keep_reserve)
+        if listeners:  # serving before the mount is reported ready
+            await nursery.start(_metrics, metrics, listeners, spool, only_queue)
         on_ready()
         try:
             await pyfuse3.main()
@@ -121,12 +135,11 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
              lifecycle.expired, lifecycle.retried, lifecycle.purged)
 
 
-async def _metrics(scope: trio.CancelScope, listen: str, spool: Spool, only_queue: int | None,
+async def _metrics(scope: trio.CancelScope, listeners: list[socket.socket], spool: Spool,
+                   only_queue: int | None,
                    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    from spoolfs import metrics_http
-
     with scope:
-        await metrics_http.serve(listen, lambda: spool.snapshot(only_queue=only_queue),
+        await metrics_http.serve(listeners, lambda: spool.snapshot(only_queue=only_queue),
                                  task_status=task_status)
 
 

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, MountFactory, Queue, consumed_names, ok, spoolfs_cli, wait_until
+from helpers import (
+    Mount,
+    MountFactory,
+    Queue,
+    consumed_names,
+    ok,
+    patience,
+    spoolfs_cli,
+    wait_until,
+)
 
 pytestmark = pytest.mark.fuse
 
@@ -84,7 +93,7 @@ class Load:
         self.stop.touch()
         for p in self.procs:
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=patience(30))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

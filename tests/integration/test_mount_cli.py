@@ -19,6 +19,7 @@ from helpers import (
     ls,
     mounted,
     one_line_error,
+    patience,
     process_exited,
     read,
     spoolfs_cli,
@@ -125,7 +126,7 @@ def test_foreground_mode_serves_until_unmounted(store: Path, tmp_path: Path) -> 
         assert sorted(os.listdir(mnt / "q")) == ["error", "partial", "ready", "success", "working"]
         res = spoolfs_cli("umount", str(mnt))
         assert res.returncode == 0, res.stderr.decode(errors="replace")
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=patience(15)) == 0
     finally:
         if proc.poll() is None:
             if mounted(mnt):

@@ -33,6 +33,7 @@ from helpers import (
     make_content,
     ok,
     one_line_error,
+    patience,
     read,
     setxattr,
     spoolfs_cli,
@@ -131,6 +132,18 @@ def lifecycle_wait(predicate: Callable[[], object], what: str, mount: Mount,
     wait_until(predicate, timeout=timeout, what=what, alive=mount.daemon_alive)
 
 
+def lifecycle_ran(mount: Mount, fresh_queue: Callable[[], Queue]) -> None:
+    """Return once the lifecycle timer has run a round later than one lease of 1 s from now:
+    anything due by now has been acted on. A sentinel claim must expire first, which a sleep
+    could not promise on a loaded machine."""
+    sentinel = fresh_queue()
+    set_policy(sentinel.path, "lease_timeout=1s")
+    sentinel.publish("sentinel")
+    sentinel.claim("sentinel")
+    lifecycle_wait(lambda: files(sentinel.path) == ["ready/sentinel"],
+                   "a sentinel claim to expire (a later lifecycle round)", mount)
+
+
 # --------------------------------------------------------------------------- 1. kill -9
 
 
@@ -158,7 +171,7 @@ def test_killed_consumer_lease_expires_back_to_ready(module_mount: Mount,
     wait_open(c2, q.working / "c2/g")
 
     ok("kill", "-9", str(c1.pid))
-    c1.wait(timeout=10)
+    c1.wait(timeout=patience(10))
     lifecycle_wait(lambda: "ready/f" in files(q.path),
                    "the dead consumer's file to come back to ready/", module_mount)
     f = q.ready / "f"
@@ -178,7 +191,7 @@ def test_killed_consumer_lease_expires_back_to_ready(module_mount: Mount,
         "a file held open must keep its lease (DESIGN §4)"
     killed_at = time.time()  # the last close comes after this
     ok("kill", "-9", str(c2.pid))
-    c2.wait(timeout=10)
+    c2.wait(timeout=patience(10))
     lifecycle_wait(lambda: "ready/g" in files(q.path),
                    "the file of the killed holder to come back to ready/", module_mount)
     g_expire = steps_of(q.ready / "g", "expire")
@@ -227,9 +240,9 @@ def test_touch_reads_and_open_files_keep_the_lease(module_mount: Mount,
     lifecycle_wait(lambda: "ready/idle" in files(q.path), "the idle claim to expire",
                    module_mount)
     for p in (toucher, reader):
-        _, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=patience(60))
         assert p.returncode == 0, f"heartbeat loop failed: {err.decode(errors='replace')}"
-    _, err = opener.communicate(timeout=60)
+    _, err = opener.communicate(timeout=patience(60))
     assert opener.returncode == 0, err.decode(errors="replace")
     closed_after = opened_at + beats * 0.5  # the sleep holding o open ended no earlier
 
@@ -284,7 +297,7 @@ def test_out_of_attempts_is_abandoned_until_redriven(module_mount: Mount,
     assert f"{SPOOL}retry_at" not in attrs(e), "an abandoned message has no retry time"
     assert actions(e) == ["claim", "expire", "retry", "claim", "expire"]
 
-    time.sleep(2.5)  # several lifecycle rounds: an abandoned message stays
+    lifecycle_ran(module_mount, fresh_queue)  # an abandoned message stays
     assert files(q.path) == ["error/f"]
     assert actions(e) == ["claim", "expire", "retry", "claim", "expire"]
     assert spool_attr(e, "abandoned") == "1"
@@ -333,7 +346,7 @@ def test_stale_holder_is_fenced_off(module_mount: Mount, fresh_queue: Callable[[
 
     q.claim("f", "c2")
     go.touch()
-    _, err = stale.communicate(timeout=30)
+    _, err = stale.communicate(timeout=patience(30))
     assert stale.returncode != 0, "the stale holder's mv to success/ must fail"
     assert "No such file or directory" in err.decode(errors="replace"), err
     fails("mv", q.working / "c1/f", q.error, message="No such file or directory")
@@ -374,7 +387,7 @@ def test_retry_errors_off_is_final_on_retries(module_mount: Mount,
     on.claim("f", "c1")
     assert spool_attr(on.working / "c1/f", "attempts") == "2"
 
-    time.sleep(2.0)  # several lifecycle rounds
+    lifecycle_ran(module_mount, fresh_queue)
     e = off.error / "f"
     assert files(off.path) == ["error/f"], "with retry_errors off an explicit error is final"
     assert spool_attr(e, "error") == "bad input"
@@ -447,7 +460,7 @@ def test_retry_backoff_doubles_and_is_capped(module_mount: Mount,
         assert spool_attr(e, "attempts") == "3"
         assert f"{SPOOL}retry_at" not in attrs(e)
         assert actions(e) == ["claim", "finish", "retry"] * 2 + ["claim", "finish"]
-    time.sleep(1.5)
+    lifecycle_ran(module_mount, fresh_queue)
     for x in queues:
         assert files(x.path) == ["error/f"], "an abandoned message stays in error/"
 
@@ -658,7 +671,7 @@ def test_two_daemons_expire_each_lease_once(mounter: MountFactory, store: Path,
         f"a file held open through mount A was expired: {history(held)}"
     ok("mv", qb.working / "holder/held", qb.success)
     stop.touch()
-    _, err = holder.communicate(timeout=30)
+    _, err = holder.communicate(timeout=patience(30))
     assert holder.returncode == 0, err.decode(errors="replace")
     wait_until(lambda: ls(qa.success) == ["held"], timeout=10, alive=alive,
                what="mount A to see the finish")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Queue, ok
+from helpers import Queue, ok, patience
 
 pytestmark = pytest.mark.fuse
 
@@ -45,11 +45,11 @@ def test_listing_ready_while_claims_run(queue: Queue, tmp_path: Path) -> None:
          "claimer", str(queue.path)],
         stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _, err = claimer.communicate(timeout=120)
+        _, err = claimer.communicate(timeout=patience(120))
         assert claimer.returncode == 0, err.decode(errors="replace")
     finally:
         stop.touch()
-        _, lister_err = lister.communicate(timeout=60)
+        _, lister_err = lister.communicate(timeout=patience(60))
     assert lister.returncode == 0, lister_err.decode(errors="replace")
 
     files = sorted(tmp_path.glob("listings.*"))

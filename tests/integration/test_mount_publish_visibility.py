@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Queue, fails, ls, make_content, ok, read, wait_until
+from helpers import Queue, fails, ls, make_content, ok, patience, read, wait_until
 
 pytestmark = pytest.mark.fuse
 
@@ -39,7 +39,7 @@ class Watcher:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=patience(30))
 
     def _run(self) -> None:
         target = self.directory / self.name
@@ -81,7 +81,7 @@ def test_cp_into_ready_is_never_visible_incomplete(queue: Queue, tmp_path: Path)
                            what="the watcher to run")
         finally:
             stopfile.touch()
-            shell.wait(timeout=30)
+            shell.wait(timeout=patience(30))
 
     assert watcher.failure is None, f"watcher failed: {watcher.failure!r}"
     assert watcher.rounds > 10, "the watcher barely ran during the copy"

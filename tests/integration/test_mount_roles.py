@@ -224,3 +224,36 @@ def test_strict_roles_checks_root_too(users: None, mounter: MountFactory, open_d
     assert "may not remove others' names from sticky ready/" in m.log_text()
     ok(*AS_PRODUCER, "rm", q / "ready/p")
     assert ls(q / "ready") == ["a", "c"]
+
+
+def test_whoever_holds_a_claim_may_heartbeat_annotate_and_finish(
+        users: None, mounter: MountFactory, open_dir: Path, tmp_path: Path) -> None:
+    """The producer's file, mode 0644, claimed by a consumer: the claim makes the consumer its
+    owner, so the consumer's own heartbeat (``touch``) and failure note (``setfattr``) pass the
+    kernel's checks; the producer's ownership would refuse both (EACCES)."""
+    m = mounter(tmp_path / "store", open_dir / "mnt", extra=["-o", "allow_other"])
+    q = m.path / "q"
+    ok("mkdir", q)
+    classic_rule(q)
+    ok(*AS_PRODUCER, "cp", source(open_dir, "a"), q / "ready/a")
+    assert os.stat(q / "ready/a").st_uid == pwd.getpwnam(PRODUCER).pw_uid
+    ok(*AS_CONSUMER, "mkdir", q / "working/c1")
+    ok(*AS_CONSUMER, "mv", q / "ready/a", q / "working/c1/")
+    st = os.stat(q / "working/c1/a")
+    assert (st.st_uid, st.st_gid) == (pwd.getpwnam(CONSUMER).pw_uid,
+                                      grp.getgrnam(CONSUMERS).gr_gid), \
+        "the claimer owns what it holds (the group of the setgid view)"
+    lease = ok(*AS_CONSUMER, "getfattr", "-n", "user.spool.lease_expires", "--only-values",
+               q / "working/c1/a")
+    ok(*AS_CONSUMER, "touch", "-d", "@2000000000", q / "working/c1/a")  # owner only
+    ok(*AS_CONSUMER, "touch", q / "working/c1/a")  # the heartbeat
+    assert ok(*AS_CONSUMER, "getfattr", "-n", "user.spool.lease_expires", "--only-values",
+              q / "working/c1/a") >= lease
+    ok(*AS_CONSUMER, "setfattr", "-n", "user.spool.error", "-v", "bad row 3",
+       q / "working/c1/a")
+    ok(*AS_CONSUMER, "chmod", "0600", q / "working/c1/a")
+    ok(*AS_CONSUMER, "mv", q / "working/c1/a", q / "error/")
+    assert ok("getfattr", "-n", "user.spool.error", "--only-values", q / "error/a") == \
+        b"bad row 3"
+    assert os.stat(q / "error/a").st_uid == pwd.getpwnam(CONSUMER).pw_uid, \
+        "the message keeps its last holder as owner"

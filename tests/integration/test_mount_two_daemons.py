@@ -21,6 +21,7 @@ from helpers import (
     finish_claimers,
     ls,
     ok,
+    patience,
     read,
     start_claimers,
     wait_until,
@@ -146,7 +147,7 @@ def test_simultaneous_claims_have_exactly_one_winner(mounter: MountFactory, stor
              for r in range(racers)]
     results = []
     for p in procs:
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=patience(60))
         assert p.returncode == 0, err.decode(errors="replace")
         results.append(json.loads(out))
 

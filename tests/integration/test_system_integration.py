@@ -30,11 +30,12 @@ from pathlib import Path
 import pytest
 
 from helpers import (
-    STATES,
     Mount,
     MountFactory,
+    STATES,
     mounted,
     one_line_error,
+    patience,
     process_exited,
     stop_foreground,
     wait_foreground_mount,
@@ -61,7 +62,7 @@ def run(argv: Sequence[str | Path], env: dict[str, str] | None = None,
     args = [str(a) for a in argv]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         res = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                             timeout=timeout, env=env, cwd="/")
+                             timeout=patience(timeout), env=env, cwd="/")
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(args, res.returncode, out.read(), err.read())
@@ -152,7 +153,7 @@ class Namespace:
                 if self.findmnt(mnt) is not None:
                     self.run("umount", "-l", mnt)
             for pid in self.daemons:
-                deadline = time.monotonic() + 15
+                deadline = time.monotonic() + patience(15)
                 while not process_exited(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if not process_exited(pid):
@@ -275,7 +276,7 @@ class NotifySocket:
     def receive(self, timeout: float | None = 30.0) -> tuple[dict[str, str], int] | None:
         """One message as its assignments, and its sender's pid; None when none is waiting
         (``timeout=0``)."""
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(timeout if not timeout else patience(timeout))
         try:
             data, ancillary, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(12))
         except (BlockingIOError, TimeoutError):
@@ -318,7 +319,7 @@ def test_foreground_daemon_notifies_ready_once_live_and_stopping_at_unmount(
         assert res.returncode == 0, res.stderr
         got = listener.receive()
         assert got is not None and got[0].get("STOPPING") == "1" and got[1] == proc.pid, got
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=patience(15)) == 0
     finally:
         stop_foreground(proc, mnt)
         listener.close()
@@ -365,7 +366,7 @@ def foreground(store: Path, mnt: Path, *args: str, env: dict[str, str] | None = 
         os.rename(mnt / "q" / "partial" / "m", mnt / "q" / "ready" / "m")
         res = run([sys.executable, "-m", "spoolfs", "umount", mnt])
         assert res.returncode == 0, res.stderr
-        return proc.wait(timeout=15), stderr.read_text(errors="replace")
+        return proc.wait(timeout=patience(15)), stderr.read_text(errors="replace")
     finally:
         stop_foreground(proc, mnt)
 

@@ -88,6 +88,29 @@ def test_design_doc_shows_create_link_unlink_and_durability_of_core_rules() -> N
     assert durable_line() in text, "docs/design.md's durability line differs from rules.DURABLE"
 
 
+def readme_paragraph(start: str) -> str:
+    """The README paragraph that begins with ``start``, on one line."""
+    text = README.read_text()
+    i = text.index(start)
+    return " ".join(text[i:text.index("\n\n", i)].split())
+
+
+#: what the README's promise after the tour names as durable when it returns
+PROMISED = ("publish", "claim", "finish", "release", "redrive", "forward", "link publish")
+
+
+def test_readme_says_exactly_what_is_durable_when() -> None:
+    para = readme_paragraph("Every transition that returned is on disk")
+    for word in PROMISED:
+        assert word in para, f"the README's durability paragraph does not name {word!r}"
+        assert rules.Action(word) in rules.DURABLE, \
+            f"the README promises {word!r} durable, but rules.DURABLE does not commit it so"
+    # uploads are committed without fsync: the README must not promise them before publish
+    assert {rules.Action.UPLOAD, rules.Action.LINK}.isdisjoint(rules.DURABLE)
+    assert "upload still in `partial/` is not durable until it is published" in para, para
+    assert "power cut" in para and "never leaves part of a message in `ready/`" in para, para
+
+
 def spool_errors() -> list[type[errors.SpoolError]]:
     found, todo = [], [errors.SpoolError]
     while todo:

@@ -58,8 +58,8 @@ def test_nothing_is_ever_exdev() -> None:
 
 
 @pytest.mark.parametrize("dst", list(Kind))
-def test_replace_only_finished(dst: Kind) -> None:
-    if dst in (K.SUCCESS, K.ERROR):
+def test_replace_uploads_and_finished_never_pending(dst: Kind) -> None:
+    if dst in (K.PARTIAL, K.STAGING, K.SUCCESS, K.ERROR):
         rules.decide_replace(dst, False)
     else:
         with pytest.raises(Exists):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,6 +95,24 @@ def test_xattrs_follow_links_and_cascade(store: Store) -> None:
     assert store.reader().xattrs(a.id) == {}
 
 
+def test_a_scan_in_another_thread_sees_one_committed_state(store: Store) -> None:
+    one(store, lambda tx: msg(tx, 1, b"before"))
+    seen: list[list[bytes]] = []
+
+    def scan() -> None:
+        with store.scan() as r:
+            seen.append([e.name for e in r.children(1)])
+            one(store, lambda tx: msg(tx, 1, b"during"))  # the writer is never blocked
+            seen.append([e.name for e in r.children(1)])
+
+    t = threading.Thread(target=scan)
+    t.start()
+    t.join()
+    assert seen == [[b"before"], [b"before"]], "a scan saw a commit made during it"
+    with store.scan() as r:
+        assert [e.name for e in r.children(1)] == [b"before", b"during"]
+
+
 def test_two_handles_on_one_file_see_each_other(tmp_path: Path) -> None:
     s1 = SqliteStore(str(tmp_path / "m.db"))
     s2 = SqliteStore(str(tmp_path / "m.db"))
@@ -105,3 +124,34 @@ def test_two_handles_on_one_file_see_each_other(tmp_path: Path) -> None:
     finally:
         s1.close()
         s2.close()
+
+
+def test_visible_names_coming_and_going_stamp_their_directories(store: Store) -> None:
+    def mkdir(name: bytes):  # type: ignore[no-untyped-def]
+        return lambda tx: tx.insert(parent=1, name=name, kind="state", mode=0o40755,
+                                    mtime_ns=1, ctime_ns=1, created_ns=1)
+    a, b = one(store, mkdir(b"a")).id, one(store, mkdir(b"b")).id
+
+    def stamps() -> tuple[int, int]:
+        da, db = store.reader().get(a), store.reader().get(b)
+        assert da is not None and db is not None and da.mtime_ns == da.ctime_ns
+        return da.mtime_ns, db.mtime_ns
+
+    hidden = one(store, lambda tx: msg(tx, a, b"up", hidden=1))
+    assert stamps() == (1, 1), "a hidden upload is no name yet"
+    one(store, lambda tx: tx.move(hidden.id, a, b"up", b, b"up", hidden=0))
+    ta, tb = stamps()
+    assert ta == 1 and tb > 1, "a hidden row leaves unseen and arrives seen"
+    e = one(store, lambda tx: msg(tx, a, b"m"))
+    ta, tb2 = stamps()
+    assert ta > 1 and tb2 == tb
+    one(store, lambda tx: tx.move(e.id, a, b"m", b, b"m", hidden=1))
+    ta2, tb3 = stamps()
+    assert ta2 > ta and tb3 == tb, "moved away from a, hidden in b"
+    one(store, lambda tx: tx.update(e.id, hidden=0))
+    assert stamps()[1] > tb, "a hidden upload appearing is an addition"
+    before = stamps()
+    one(store, lambda tx: tx.update(e.id, mode=0o100600))
+    assert stamps() == before, "attributes of a name are not the directory's business"
+    one(store, lambda tx: tx.delete(e.id))
+    assert stamps()[1] > before[1]

@@ -12,6 +12,8 @@ import hashlib
 import os
 
 CHUNK = 1 << 20
+#: the store is its owner's alone (store/private.py); files are made 0600
+PRIVATE_DIR = 0o700
 
 
 def fsync_dir(path: str) -> None:
@@ -37,7 +39,7 @@ def hash_file(fd: int) -> tuple[bytes, int]:
 class BlobDir:
     def __init__(self, root: str) -> None:
         self.root = root
-        os.makedirs(root, exist_ok=True)
+        os.makedirs(root, PRIVATE_DIR, exist_ok=True)
 
     def path(self, sha256: bytes, blob_id: int) -> str:
         hexd = sha256.hex()
@@ -49,7 +51,7 @@ class BlobDir:
         dst = self.path(sha256, blob_id)
         d = os.path.dirname(dst)
         if not os.path.isdir(d):
-            os.makedirs(d, exist_ok=True)
+            os.makedirs(d, PRIVATE_DIR, exist_ok=True)
             fsync_dir(os.path.dirname(d))
             fsync_dir(self.root)
         try:
@@ -90,7 +92,7 @@ class StagingDir:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        os.makedirs(root, exist_ok=True)
+        os.makedirs(root, PRIVATE_DIR, exist_ok=True)
         self._made: set[int] = set()
 
     def adopt_flat_layout(self) -> int:
@@ -108,7 +110,7 @@ class StagingDir:
         b = entry_id >> self.BUCKET_BITS
         d = os.path.join(self.root, f"{b:x}")
         if b not in self._made:
-            os.makedirs(d, exist_ok=True)
+            os.makedirs(d, PRIVATE_DIR, exist_ok=True)
             self._made.add(b)
         return d
 
@@ -126,11 +128,14 @@ class StagingDir:
             self._bucket(entry_id)
         return os.open(self.path(entry_id), flags, 0o600)
 
-    def touch(self, entry_id: int, mtime_ns: int) -> None:
-        """Set an upload's modification time (it is the staging file's)."""
+    def touch(self, entry_id: int, atime_ns: int | None, mtime_ns: int | None) -> None:
+        """Set an upload's access and modification times (they are the staging file's); None
+        keeps the one it names."""
         fd = self.open(entry_id, create=True)
         try:
-            os.utime(fd, ns=(mtime_ns, mtime_ns))
+            st = os.fstat(fd)
+            os.utime(fd, ns=(st.st_atime_ns if atime_ns is None else atime_ns,
+                             st.st_mtime_ns if mtime_ns is None else mtime_ns))
         finally:
             os.close(fd)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from spoolfs.core.errors import UserError
+from spoolfs.core.errors import SpoolError, UserError
 
 SUBCOMMANDS = {
     "umount": "spoolfs.cli.umount",
@@ -30,5 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"spoolfs: {e.message}", file=sys.stderr)
         return e.exit_code
+    except SpoolError as e:  # the store refused (its disk full, say): one line, no traceback
+        print(f"spoolfs: {e.hint}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

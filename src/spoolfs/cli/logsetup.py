@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import stat
 import sys
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -23,6 +24,23 @@ class JournalFormatter(logging.Formatter):
         prio = PRIORITIES.get(record.levelno, 6)
         # every line of a multi-line message (a traceback) becomes an entry of its own
         return "\n".join(f"<{prio}>{line}" for line in super().format(record).splitlines())
+
+
+class PrivateFileHandler(logging.FileHandler):
+    """A log file only its owner may read: refusals name files, and the log is the queue's
+    history in prose. A new file is made 0600; an existing one loses any permission for others
+    (an admin's 0640 for a log-reading group stays)."""
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+        try:
+            mode = os.fstat(fd).st_mode
+            if mode & 0o007:
+                os.fchmod(fd, stat.S_IMODE(mode) & ~0o007)
+        except OSError:
+            pass  # not ours to change (a shared log of another user): write to it as it is
+        return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
 
 
 def stderr_is_journal() -> bool:
@@ -41,7 +59,7 @@ def setup(level: str, log_file: str | None, foreground: bool) -> None:
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     handler: logging.Handler
     if log_file:
-        handler = logging.FileHandler(log_file)
+        handler = PrivateFileHandler(log_file)
         handler.setFormatter(logging.Formatter(FORMAT))
     elif foreground:
         handler = logging.StreamHandler(sys.stderr)

@@ -19,7 +19,8 @@ import re
 import sys
 import traceback
 
-from spoolfs.core.errors import UserError
+from spoolfs.core.errors import SpoolError, UserError
+from spoolfs.core.names import check_ident
 from spoolfs.notify import notify
 from spoolfs.runtime import default_store
 
@@ -60,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="log to this file")
     p.add_argument("--log-level", choices=LEVELS, help="default: info")
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
-                   help="serve /metrics (Prometheus) and /status (JSON) over HTTP")
+                   help="serve /metrics (Prometheus) and /status (JSON) over HTTP; "
+                   "without a HOST (:9464) on loopback only")
     return p
 
 
@@ -92,6 +94,11 @@ def run(argv: list[str]) -> int:
         if given is not None and given != value:
             raise UserError(f"--{key.replace('_', '-')} {given} and -o {key}={value} disagree", 2)
         setattr(args, key, value)
+    if args.queue is not None:
+        try:
+            check_ident(args.queue.encode(), "queue")
+        except SpoolError as e:
+            raise UserError(f"--queue {args.queue!r}: {e.hint}", 2) from None
     args.log_level = args.log_level or "info"
     if args.log_level not in LEVELS:
         raise UserError(f"log_level={args.log_level}: expected one of {', '.join(LEVELS)}", 2)

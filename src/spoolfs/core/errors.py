@@ -69,6 +69,12 @@ class NoSubscriber(SpoolError):
     errno = _errno.ENXIO
 
 
+class TooLarge(SpoolError):
+    """A size or offset beyond what the store's disk can hold in one file."""
+
+    errno = _errno.EFBIG
+
+
 class NoAttribute(SpoolError):
     errno = _errno.ENODATA
 
@@ -77,6 +83,12 @@ class StoreFailure(SpoolError):
     """The store failed (I/O error, database down): EIO, and the transaction rolled back."""
 
     errno = _errno.EIO
+
+
+class StoreFull(StoreFailure):
+    """The store's disk is full even for metadata (its reserve spent): ENOSPC, rolled back."""
+
+    errno = _errno.ENOSPC
 
 
 class UserError(Exception):

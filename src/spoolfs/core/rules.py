@@ -103,9 +103,10 @@ RENAMES: dict[tuple[Kind, Kind], dict[Scope, Action]] = {
     (K.ERROR, K.ERROR): {_S: A.MOVE},
 }
 
-#: Renaming onto an existing name replaces it only for finished messages; a pending message is
-#: never silently replaced.
-REPLACEABLE: frozenset[Kind] = frozenset({K.SUCCESS, K.ERROR})
+#: Renaming onto an existing name replaces it for uploads (the producer's scratch: editors and
+#: ``sed -i`` save that way) and finished messages; a pending message (``ready/``,
+#: ``working/``) is never silently replaced.
+REPLACEABLE: frozenset[Kind] = frozenset({K.PARTIAL, K.STAGING, K.SUCCESS, K.ERROR})
 
 #: unlink, per kind.
 UNLINKS: dict[Kind, Action] = {
@@ -131,7 +132,8 @@ LINKS: dict[Kind, Action] = {
     K.READY: A.LINK_PUBLISH,
 }
 
-#: Content may change (write, truncate, chmod) only while a message is unpublished.
+#: Content may change (write, truncate) only while a message is unpublished. Metadata (mode,
+#: owner, times) may change in every state, as the kernel's permission checks allow.
 MUTABLE: frozenset[Kind] = frozenset({K.PARTIAL, K.STAGING})
 
 #: Where ``setxattr`` of a header or of the failure reason is allowed.
@@ -181,7 +183,7 @@ def decide_link(dst: Kind) -> Action:
 
 
 def decide_modify(kind: Kind, hidden: bool, staged: bool) -> None:
-    """Writes, truncation and mode changes: only unpublished content (or an upload into
+    """Writes and truncation: only unpublished content (or an upload into
     ``ready/`` that has not appeared yet) that no link shares yet (a link seals content)."""
     if kind not in MUTABLE and not hidden:
         raise NotPermitted(f"{kind.value}: published content is immutable")

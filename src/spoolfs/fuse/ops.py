@@ -16,12 +16,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
+import trio
 
 from spoolfs.core.errors import NotFound, NotPermitted, SpoolError
-from spoolfs.fuse import virtual
+from spoolfs.fuse import procinfo, virtual
 from spoolfs.service import status
 from spoolfs.service.content import Handle
-from spoolfs.service.roles import Gate
+from spoolfs.service.roles import Caller, Gate, proc_groups
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Entry
 
@@ -64,11 +65,11 @@ def _guard(fn: F) -> F:
             raise
         except SpoolError as e:
             if not isinstance(e, NotFound) or e.hint:
-                log.info("refused %s%s: %s (%s)", fn.__name__, self._describe(args),
+                log.info("refused %s%s: %s (%s)", fn.__name__, self._describe(fn.__name__, args),
                          errno.errorcode.get(e.errno, e.errno), e.hint)
             raise pyfuse3.FUSEError(e.errno) from None
         except Exception:
-            log.exception("internal error in %s%s", fn.__name__, self._describe(args))
+            log.exception("internal error in %s%s", fn.__name__, self._describe(fn.__name__, args))
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper  # type: ignore[return-value]
@@ -122,9 +123,15 @@ class Operations(pyfuse3.Operations):
         if self.roles is not None and ctx is not None:
             self.roles.check(ctx.uid, ctx.gid, ctx.pid, change, remove)
 
-    def _describe(self, args: Sequence[Any]) -> str:
-        shown = [a for a in args if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
-        return "(" + ", ".join(repr(a) for a in shown[:4]) + ")"
+    #: handlers whose argument at this position is content (a write's buffer, an attribute's
+    #: value): logged as its size, never as what it holds
+    _CONTENT_ARG = {"write": 2, "setxattr": 2}
+
+    def _describe(self, op: str, args: Sequence[Any]) -> str:
+        content = self._CONTENT_ARG.get(op)
+        shown = [f"<{len(a)} bytes>" if i == content else repr(a) for i, a in enumerate(args)
+                 if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
+        return "(" + ", ".join(shown[:4]) + ")"
 
     def _attr(self, e: Entry) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -141,13 +148,10 @@ class Operations(pyfuse3.Operations):
         a.st_uid = e.uid
         a.st_gid = e.gid
         a.st_rdev = 0
-        size, mtime_ns = self.spool.size_and_mtime(e)
+        size, a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = self.spool.times(e)
         a.st_size = size if e.kind in ("message", "member") and not stat.S_ISDIR(e.mode) else 0
         a.st_blksize = 4096
         a.st_blocks = (a.st_size + 511) // 512
-        a.st_atime_ns = mtime_ns
-        a.st_mtime_ns = mtime_ns
-        a.st_ctime_ns = e.ctime_ns
         return a
 
     def _remember(self, e: Entry, attr: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
@@ -166,12 +170,13 @@ class Operations(pyfuse3.Operations):
 
     # ---- MOUNT/.spool/ -------------------------------------------------------------------
 
-    def _render(self, ino: int) -> bytes:
+    async def _render(self, ino: int, ctx: Any) -> bytes:
         only = self.root_id if self.root_id != 1 else None
-        return virtual.render(ino, lambda: self.spool.snapshot(only_queue=only), status.metrics)
+        caller = Caller(ctx.uid, ctx.gid, proc_groups(ctx.pid, ctx.uid, ctx.gid))
+        return virtual.render(ino, await self.spool.snapshot(caller, only), status.metrics)
 
     def _virtual_attr(self, ino: int) -> pyfuse3.EntryAttributes:
-        return virtual.attr(ino, len(self._render(ino)) if ino != virtual.DIR else 0)
+        return virtual.attr(ino)
 
     def _virtual_lookup(self, parent_inode: int, name: bytes) -> pyfuse3.EntryAttributes | None:
         if parent_inode == pyfuse3.ROOT_INODE and name == virtual.DIR_NAME:
@@ -217,22 +222,35 @@ class Operations(pyfuse3.Operations):
         if e is None:
             gone = self._gone.get(sid)
             if gone is not None:
-                return gone
+                return self._still_written(sid, gone)
             raise NotFound()
         return self._attr(e)
 
+    def _still_written(self, sid: int, gone: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
+        """An unlinked upload still open takes writes (POSIX): its size and time are its
+        staging file's, which the open descriptor keeps."""
+        if virtual.is_virtual(sid):
+            return gone
+        for h in self._handles.values():
+            if h.entry_id == sid:
+                now = h.staged_size_and_mtime()
+                if now is not None:
+                    gone.st_size, gone.st_mtime_ns = now
+                    gone.st_atime_ns = gone.st_mtime_ns
+                    gone.st_blocks = (gone.st_size + 511) // 512
+                    break
+        return gone
+
     @_guard
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
-        mtime = None
-        if fields.update_mtime:
-            mtime = attr.st_mtime_ns
         e = await self.spool.setattr(
             self._sid(inode),
             size=attr.st_size if fields.update_size else None,
             mode=attr.st_mode if fields.update_mode else None,
             uid=attr.st_uid if fields.update_uid else None,
             gid=attr.st_gid if fields.update_gid else None,
-            mtime_ns=mtime, who=_who(ctx))
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None, who=_who(ctx))
         return self._attr(e)
 
     @_guard
@@ -331,12 +349,19 @@ class Operations(pyfuse3.Operations):
         self._handles[fh] = h
         return fh
 
+    def _watch_opener(self, h: Handle) -> None:
+        """A handle whose close may publish remembers its opener's process rather than the
+        thread that opened it: ``flush`` reads how that process ends (procinfo.py)."""
+        if self.spool.awaits_publish(h):
+            h.opener = procinfo.process_of(h.opener)
+
     @_guard
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> Any:
         self._may(ctx, change=(self._sid(parent_inode),))
         e, h = await self.spool.create(self._sid(parent_inode), name, mode & ~ctx.umask,
                                        _who(ctx))
+        self._watch_opener(h)
         attr = self._attr(e)
         return pyfuse3.FileInfo(fh=self._new_fh(h)), self._remember(e, attr)
 
@@ -346,10 +371,11 @@ class Operations(pyfuse3.Operations):
         if virtual.is_virtual(inode):
             if acc != os.O_RDONLY or inode == virtual.DIR:
                 raise NotPermitted("MOUNT/.spool/ is read-only")
-            h = Handle(inode, None, self._render(inode), False)
+            h = Handle(inode, None, await self._render(inode, ctx), False)
             return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True, keep_cache=False)
         h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
                                   bool(flags & os.O_TRUNC), _who(ctx))
+        self._watch_opener(h)
         # Published content never changes: the page cache may keep it.
         return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed)
 
@@ -369,10 +395,20 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def flush(self, fh: int) -> None:
         # close(2) waits for FLUSH but not for RELEASE. FLUSH also comes when a child closes
-        # an inherited copy (at exec), so publish only once the opener holds it no more.
+        # an inherited copy (at exec or exit), and once per closed duplicate (a shell's
+        # redirection): only the opener's last close publishes. A process that is exiting is
+        # still in /proc while the kernel closes its files: whether a writer finished is
+        # known now, and never later (procinfo.py).
         h = self._handles[fh]
-        if self.spool.awaits_publish(h) and not _holds(h.opener, self._ino(h.entry_id)):
-            await self.spool.publish_at_close(h, Who(pid=h.opener))
+        if not self.spool.awaits_publish(h):
+            return
+        if _holds(h.opener, self._ino(h.entry_id)):
+            why = await trio.to_thread.run_sync(procinfo.child_unfinished, h.opener)
+            if why is not None:
+                self.spool.writer_failed(h, why)
+            return
+        await self.spool.publish_at_close(h, Who(pid=h.opener),
+                                          procinfo.opener_unfinished(h.opener))
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -1,6 +1,8 @@
 """``MOUNT/.spool/``: read-only files made by the daemon on open — ``status`` (the JSON of
-``spoolfs status``) and ``metrics`` (Prometheus text). Not listed in the root, reachable by
-name; inode numbers far above any entry id."""
+``spoolfs status``) and ``metrics`` (Prometheus text), each showing the queues its opener may
+enter. Not listed in the root, reachable by name; inode numbers far above any entry id. Their
+size reads as 0, as in /proc: it is known only once made, and a stat must not make one; they
+are opened with direct I/O, so reads go on to the end all the same."""
 
 from __future__ import annotations
 
@@ -23,15 +25,13 @@ def is_virtual(ino: int) -> bool:
     return ino >= BASE
 
 
-def render(ino: int, snapshot: Callable[[], dict[str, Any]],
-           metrics: Callable[[dict[str, Any]], bytes]) -> bytes:
-    snap = snapshot()
+def render(ino: int, snap: dict[str, Any], metrics: Callable[[dict[str, Any]], bytes]) -> bytes:
     if ino == FILES[b"status"]:
         return json.dumps(snap, indent=1).encode() + b"\n"
     return metrics(snap)
 
 
-def attr(ino: int, size: int = 0) -> pyfuse3.EntryAttributes:
+def attr(ino: int) -> pyfuse3.EntryAttributes:
     a = pyfuse3.EntryAttributes()
     a.st_ino = ino
     a.entry_timeout = a.attr_timeout = 0  # made fresh at every open
@@ -39,7 +39,6 @@ def attr(ino: int, size: int = 0) -> pyfuse3.EntryAttributes:
         a.st_mode, a.st_nlink = stat.S_IFDIR | 0o555, 2
     else:
         a.st_mode, a.st_nlink = stat.S_IFREG | 0o444, 1
-        a.st_size = size
     now = time.time_ns()
     a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = now
     a.st_blksize = 4096

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from dataclasses import dataclass
 
 from spoolfs.blobs import BlobDir, StagingDir, hash_file
-from spoolfs.core.errors import NoSpace, NotPermitted, StoreFailure
+from spoolfs.core.errors import NoSpace, NotPermitted, SpoolError, StoreFailure, TooLarge
 from spoolfs.store.base import Entry, ReadTx, WriteTx
 
 #: Content up to this size lives inline in the metadata store: one fsync for data and metadata,
@@ -24,6 +25,17 @@ class Sealed:
     mtime_ns: int  # the upload's last write (or touch): the message's modification time
     data: bytes | None  # inline content, or None: the staging file becomes the blob file
     staging_path: str
+
+
+def staging_error(e: OSError, what: str) -> SpoolError:
+    """The refusal a failed write or resize of a staging file means to the caller: the
+    store's disk is full, or the size is beyond what one file there can hold (the caller's
+    request, as on any file system), or else the store failed."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpace("store disk full")
+    if e.errno == errno.EFBIG:
+        return TooLarge(f"{what}: beyond the store's largest file")
+    return StoreFailure(f"{what} failed: {e}")
 
 
 class Handle:
@@ -58,9 +70,15 @@ class Handle:
         try:
             return os.pwrite(self.fd, buf, off)
         except OSError as e:
-            if e.errno in (28, 122):  # ENOSPC, EDQUOT
-                raise NoSpace("store disk full") from e
-            raise StoreFailure(f"staging write failed: {e}") from e
+            raise staging_error(e, "staging write") from e
+
+    def staged_size_and_mtime(self) -> tuple[int, int] | None:
+        """Size and modification time of an upload's staging file as this handle sees it
+        (the file may be unlinked already: the descriptor keeps it); None for sealed content."""
+        if self.fd is None or self.sealed:
+            return None
+        st = os.fstat(self.fd)
+        return st.st_size, st.st_mtime_ns
 
     def close(self) -> None:
         if self.fd is not None:

@@ -42,6 +42,7 @@ from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core.names import NAME_MAX
 from spoolfs.service import gc
 from spoolfs.store import schema
+from spoolfs.store.private import DIR_MODE, FILE_MODE
 
 PROGRESS_EVERY = 10_000
 #: rows that hold content: messages, and the files of a batch (its members)
@@ -458,14 +459,15 @@ class Fsck:
         """Keep what is left of damaged content in ``STORE/lost+found/``."""
         d = os.path.join(self.store_dir, LOST_AND_FOUND)
         try:
-            os.makedirs(d, exist_ok=True)
+            os.makedirs(d, DIR_MODE, exist_ok=True)
             dst = os.path.join(d, name)
             n = 0
             while os.path.lexists(dst):
                 n += 1
                 dst = os.path.join(d, f"{name}.~{n}~")
             if data is not None:
-                with open(dst, "xb") as f:
+                with open(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE),
+                          "wb") as f:
                     f.write(data)
             else:
                 os.rename(path, dst)

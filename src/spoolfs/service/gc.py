@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from spoolfs.blobs import BlobDir, StagingDir
+from spoolfs.store.reserve import Reserve
+from spoolfs.store.sqlite import raise_if_full
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +54,19 @@ def connect(store_dir: str) -> sqlite3.Connection:
     path = os.path.join(store_dir, "meta.db")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{store_dir} is not a spoolfs store (no meta.db)")
+    reserve = Reserve(store_dir)
+    reserve.release_if_low()  # on a full disk, room to open the log and its index
     conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None,
                            check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
-    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA foreign_keys=ON")
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA schema_version").fetchone()  # opens the log now: errors here
+    except sqlite3.Error as e:
+        conn.close()
+        raise_if_full(e, reserve)
+        raise
     return conn
 
 

@@ -29,10 +29,11 @@ from spoolfs.core.rules import Action, DirKind, Kind, State
 from spoolfs.service import batches, status
 from spoolfs.service.batches import MEMBER, is_batch, is_dir
 from spoolfs.service.committer import Committer
-from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed
+from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed, staging_error
 from spoolfs.service.guard import DiskGuard
 from spoolfs.service.policies import Policies, check_fanout
-from spoolfs.service.roles import inherit
+from spoolfs.service.roles import Caller, inherit
+from spoolfs.service.snapshots import Full, Snapshots, shown_to
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,10 @@ class Spool:
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
         self.policies = Policies(self.r)
-        self.guard = DiskGuard(store_dir)
+        self.guard = DiskGuard(store_dir, store.reserve)
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
+        #: uploads whose writer did not finish (killed, exited non-zero) -> why: never published
+        self._unfinished: dict[int, str] = {}
         #: called with (parent, name) when the lifecycle moves or purges a message, so that the
         #: kernel drops a name it may have cached
         self.on_gone: Callable[[int, bytes], None] = lambda parent, name: None
@@ -92,6 +95,7 @@ class Spool:
         #: link count of every message sharing content that was linked or released)
         self.on_stale: Callable[[list[int]], None] = lambda ids: None
         self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
+        self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
 
     async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
         return await self.committer.submit(fn, durable)
@@ -118,34 +122,51 @@ class Spool:
             raise NotADirectory()
         return [e for e in self.r.children(parent) if not e.hidden]
 
-    def snapshot(self, only_queue: int | None = None) -> dict[str, Any]:
-        """What ``spoolfs status`` shows (DESIGN §7)."""
-        return status.snapshot(self.r, self.store_dir, self.policies.of, self.clock(),
-                               only_queue)
+    async def snapshot(self, caller: Caller | None = None, only_queue: int | None = None
+                       ) -> dict[str, Any]:
+        """What ``spoolfs status`` shows (DESIGN §7), as ``caller`` may see it (``None``: all
+        queues); computed off the event loop (service/snapshots.py)."""
+        return shown_to(await self.snapshots.get(), caller, only_queue)
+
+    def _full_snapshot(self) -> Full:
+        """Every queue's figures, in a worker thread on the store's scan connection."""
+        with self.store.scan() as r:
+            return Full(status.snapshot(r, self.store_dir, self.policies.of, self.clock()),
+                        status.access(r))
 
     def being_written(self, entry_id: int) -> bool:
         """Whether a writable handle on the entry is open through this daemon."""
         return entry_id in self._writers
 
-    def size_and_mtime(self, e: Entry) -> tuple[int, int]:
-        """An upload's size and modification time are its staging file's: writes and
-        truncates need no transaction, and every daemon on the store sees the same figures."""
+    def size_of(self, e: Entry) -> int:
+        return self.times(e)[0]
+
+    def times(self, e: Entry) -> tuple[int, int, int, int]:
+        """(size, atime, mtime, ctime). An upload's are its staging file's, whose change time
+        moves on every write and truncate; a rename or chmod moves the row's."""
         if e.staged:
             try:
                 st = os.stat(self.content.staging.path(e.id))
             except OSError:
                 pass
             else:
-                return st.st_size, st.st_mtime_ns
-        return e.size, e.mtime_ns
-
-    def size_of(self, e: Entry) -> int:
-        return self.size_and_mtime(e)[0]
+                return st.st_size, st.st_atime_ns, st.st_mtime_ns, max(e.ctime_ns,
+                                                                        st.st_ctime_ns)
+        atime = e.atime_ns if e.atime_ns is not None else e.mtime_ns
+        return e.size, atime, e.mtime_ns, e.ctime_ns
 
     def nlink_of(self, e: Entry) -> int:
-        if e.kind not in ("message", MEMBER) or is_dir(e):
-            return 2
-        return e.refs or 1
+        """A file's link count is the number of messages sharing its content; a directory's
+        is 2 + its subdirectories, as on ext4. A queue always holds its five states. Other
+        state directories than working/ may hold millions of messages: they report 1, the
+        usual "not counted" (find and fts then look inside every directory)."""
+        if not is_dir(e):
+            return e.refs or 1
+        if e.kind == "queue":
+            return 2 + len(rules.STATES)
+        if e.kind == "state" and e.state is not State.WORKING:
+            return 1
+        return 2 + self.r.subdirs(e.id)
 
     @staticmethod
     def dir_kind(e: Entry) -> DirKind:
@@ -261,17 +282,19 @@ class Spool:
             cur = tx.get(e.id)
             if cur is None or cur.parent != parent or cur.name != name:
                 raise NotFound()
-            doomed = [cur.id]
+            # children before parents: a row's parent must exist while it does
+            views: list[int] = []
+            states: list[int] = []
             if cur.kind == "queue":
                 for st in tx.children(cur.id):
                     for c in tx.children(st.id):
                         if c.kind != "consumer" or tx.has_children(c.id):
                             raise NotEmpty(f"queue {name!r} is not empty")
-                        doomed.insert(0, c.id)
-                    doomed.insert(0, st.id)
+                        views.append(c.id)
+                    states.append(st.id)
             elif tx.has_children(cur.id):
                 raise NotEmpty(f"consumer view {name!r} is not empty")
-            for i in doomed:
+            for i in [*views, *states, cur.id]:
                 tx.delete(i)
 
         await self.tx(fn)
@@ -366,24 +389,43 @@ class Spool:
         try:
             os.ftruncate(fd, size)
         except OSError as err:
-            raise StoreFailure(f"staging file of {e.id}: {err}") from err
+            raise staging_error(err, f"resize of staging file {e.id}") from err
         finally:
             os.close(fd)
 
     def awaits_publish(self, h: Handle) -> bool:
-        """Whether closing ``h`` would publish an upload into ``ready/``."""
-        if not h.writable or h.done or self._writers.get(h.entry_id, 0) > 1:
+        """Whether ``h`` writes an upload into ``ready/`` that has not appeared yet."""
+        if not h.writable or h.done:
             return False
         e = self.r.get(h.entry_id)
         return e is not None and e.hidden
 
-    async def publish_at_close(self, h: Handle, who: Who) -> None:
+    def writer_failed(self, h: Handle, why: str) -> None:
+        """A process writing through ``h`` did not finish (``why``: it ``was killed by
+        SIGKILL``, ...): its upload into ``ready/`` is never published as it is."""
+        if self.awaits_publish(h):
+            self._unfinished.setdefault(h.entry_id, why)
+            log.info("upload %d: its writer %s", h.entry_id, why)
+
+    async def publish_at_close(self, h: Handle, who: Who, unfinished: str | None = None
+                               ) -> None:
         """The opener closed its descriptor and holds no other: an upload into ``ready/``
         appears now, durable before ``close(2)`` returns (``cp x ready/`` then exits 0 only
-        once the message is safe). Later writes through a copy of the descriptor are refused."""
-        if self.awaits_publish(h):
-            h.done = True
-            await self._publish_settled(self.get(h.entry_id), who)
+        once the message is safe). Later writes through a copy of the descriptor are refused.
+
+        ``unfinished`` says how the opener ended when it did not finish (``was killed by
+        SIGKILL``, ``exited with status 1``). Such an upload, or one a process holding a copy
+        of the descriptor did not finish (``writer_failed``), is never published: it goes to
+        ``partial/`` with the bytes written so far, now or, if another writer still holds
+        it, at that writer's last close; a copy of the descriptor writes on into it there."""
+        if not self.awaits_publish(h):
+            return
+        if unfinished is not None:
+            self.writer_failed(h, unfinished)
+        if self._writers.get(h.entry_id, 0) > 1:
+            return  # another writer holds it: the last close decides
+        h.done = h.entry_id not in self._unfinished
+        await self._publish_settled(self.get(h.entry_id), who)
 
     async def close(self, h: Handle, who: Who) -> None:
         """The last writable handle publishes a pending upload into ``ready/``.
@@ -409,6 +451,7 @@ class Spool:
                 await self._publish_settled(e, who)
         finally:
             self._failed.discard(h.entry_id)
+            self._unfinished.pop(h.entry_id, None)
 
     # ---- arrival in ready/: duplicates and fan-out (DESIGN §5) ---------------------------
 
@@ -522,11 +565,15 @@ class Spool:
         try:
             if e.id in self._failed:  # the writer saw a write fail: the content is not whole
                 raise NoSpace("a write to this upload failed; it was not published")
+            unfinished = self._unfinished.get(e.id)
+            if unfinished is not None:  # its content may be cut anywhere: never claimable
+                await self._refused_upload(e, who, f"its writer {unfinished}")
+                return
             await self._publish_hidden(e, who)
         except (NotFound, StoreFailure):
             raise  # gone meanwhile, or the store failed: recovery at mount reconciles it
         except SpoolError as refused:  # a rejected duplicate, a missing subscriber, ...
-            await self._refused_upload(e, who, refused)
+            await self._refused_upload(e, who, f"publish refused: {refused}")
             raise
         finally:
             done.set()
@@ -535,9 +582,10 @@ class Spool:
             if not waiting:
                 del self._settling[e.parent]
 
-    async def _refused_upload(self, e: Entry, who: Who, why: SpoolError) -> None:
-        """An upload into ``ready/`` whose publish was refused at close goes to ``partial/``,
-        visible and complete, to be fixed and published again (never stranded unseen)."""
+    async def _refused_upload(self, e: Entry, who: Who, why: str) -> None:
+        """An upload into ``ready/`` that is not published at close (refused, or its writer
+        did not finish) goes to ``partial/``, visible with all its bytes, to be fixed and
+        published again (never stranded unseen)."""
         now = self.clock()
 
         def fn(tx: WriteTx) -> None:
@@ -550,10 +598,10 @@ class Spool:
             tx.move(cur.id, cur.parent, cur.name, partial.id, name, state=State.PARTIAL,
                     hidden=0, ctime_ns=now)
             tx.add_history(cur.id, now, "refused", "upload", State.PARTIAL.value, who.uid,
-                           who.pid, f"publish refused: {why}")
+                           who.pid, why)
 
         await self.tx(fn)
-        log.warning("upload %r: publish refused at close (%s); moved to partial/", e.name, why)
+        log.warning("upload %r: not published at close (%s); moved to partial/", e.name, why)
 
     async def settle(self, parent: int) -> None:
         """Wait until uploads into ``parent`` whose last writer has closed have appeared."""
@@ -645,7 +693,9 @@ class Spool:
                 fields.update(retry_ns=None, abandoned=0)
             if action is Action.PUBLISH:
                 fields.update(enqueued_ns=now, hidden=int(defer))
-            elif action is Action.CLAIM:
+            if action in self.TAKES_OWNERSHIP:
+                fields.update(uid=who.uid, gid=inherit(d, who.gid, src.mode, is_dir=False)[0])
+            if action is Action.CLAIM:
                 fields.update(claimed_ns=now, attempts=src.attempts + 1,
                               lease_ns=L.lease_end(policy, now))
             elif action is Action.FINISH:
@@ -681,6 +731,12 @@ class Spool:
             self.on_gone(new_parent, new_name)
             self._link_counts_changed(self.get(src.id).blob)
         return defer
+
+    #: A claim makes the claimer the message's owner (its group: the view's, when setgid), so
+    #: that whoever holds a claim may heartbeat (``touch``), annotate (``setfattr``) and chmod
+    #: it under the kernel's checks, however the producer left its mode; a hand-over makes the
+    #: caller the owner. The owner stays when the message moves on.
+    TAKES_OWNERSHIP = frozenset({Action.CLAIM, Action.HANDOVER})
 
     #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT
     STALE_MAX = 1000
@@ -812,16 +868,22 @@ class Spool:
 
     async def setattr(self, entry_id: int, *, size: int | None = None, mode: int | None = None,
                       uid: int | None = None, gid: int | None = None,
-                      mtime_ns: int | None = None, who: Who) -> Entry:
+                      atime_ns: int | None = None, mtime_ns: int | None = None,
+                      who: Who) -> Entry:
+        """Truncate an upload, or change anyone's mode, owner or times. Only content is
+        immutable once published: metadata changes as the kernel's permission checks allow,
+        in every state (``install -m``, ``shutil.move`` and ``cp -p`` set it right after the
+        copy, and would report a publish that worked as a failure)."""
         e = self.get(entry_id)
-        if e.kind in ("message", MEMBER) and (size is not None or mode is not None
-                                              or uid is not None or gid is not None):
-            self._check_modify(e)
         if size is not None:
+            if e.kind in ("message", MEMBER):
+                self._check_modify(e)
             self.truncate(e, size)
-        if mtime_ns is not None and e.kind in ("message", MEMBER) and e.staged:
-            self.content.staging.touch(e.id, mtime_ns)
+        if (atime_ns is not None or mtime_ns is not None) and e.staged:
+            self.content.staging.touch(e.id, atime_ns, mtime_ns)
         fields: dict[str, Any] = {}
+        if atime_ns is not None and not e.staged:
+            fields["atime_ns"] = atime_ns
         if mode is not None:
             fields["mode"] = (e.mode & ~0o7777) | (mode & 0o7777)
         if uid is not None:
@@ -967,8 +1029,12 @@ class Spool:
                  ", ".join(f"{k}={v if v is not None else '(default)'}" for k, v in changes.items()))
 
     async def removexattr(self, e: Entry, name: bytes, who: Who) -> None:
+        if not name.startswith(b"user."):
+            raise NotSupported("only user.* attributes are kept")
         if e.kind == "queue" and name.startswith(SPOOL_XATTR):
             return await self._set_policy(e, name, None)
+        if e.kind != "message":  # the root, queues' other names, state dirs, batch files
+            raise NoAttribute(f"{name!r}: attributes are kept on messages only")
         if name.startswith(SPOOL_XATTR) or (
                 self.kind(e) not in rules.HEADER_KINDS and not e.hidden):
             raise NotPermitted(f"{name!r} cannot be removed here")

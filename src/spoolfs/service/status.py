@@ -2,7 +2,8 @@
 and the same figures as Prometheus metrics.
 
 The snapshot is plain data (JSON-ready); ``spoolfs status``, ``MOUNT/.spool/status``,
-``MOUNT/.spool/metrics`` and ``--metrics-listen`` all show the same one.
+``MOUNT/.spool/metrics`` and ``--metrics-listen`` all show the same one. Its cost grows with
+the number of messages: the daemon computes it off the event loop (service/snapshots.py).
 """
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ def snapshot(r: ReadTx, store_dir: str, policy_of: PolicyOf, now: int | None = N
                  "free_inodes": st.f_favail, "total_inodes": st.f_files},
         "queues": {names[qid]: q for qid, q in sorted(queues.items(), key=lambda i: names[i[0]])},
     }
+
+
+def access(r: ReadTx) -> dict[str, tuple[int, int, int, int]]:
+    """Queue name (as the snapshot shows it) -> (id, mode, uid, gid) of its directory: who
+    may see the queue in a snapshot."""
+    return {q.name.decode(errors="replace"): (q.id, q.mode, q.uid, q.gid)
+            for q in r.children(1) if q.kind == "queue"}
 
 
 def problems(snap: dict[str, Any]) -> list[str]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from spoolfs.core.rules import State
+from spoolfs.store.reserve import Reserve
 
 T = TypeVar("T")
 
@@ -20,7 +22,7 @@ ENTRY_COLUMNS = (
     "id", "parent", "name", "kind", "queue", "state", "hidden", "blob", "staged", "size",
     "mode", "uid", "gid", "mtime_ns", "ctime_ns", "created_ns", "enqueued_ns", "claimed_ns",
     "finished_ns", "attempts", "consumer", "error", "lease_ns", "retry_ns", "abandoned",
-    "duplicate_of",
+    "duplicate_of", "atime_ns",
 )  # fmt: skip
 
 
@@ -52,6 +54,7 @@ class Entry:
     retry_ns: int | None
     abandoned: bool
     duplicate_of: int | None
+    atime_ns: int | None  # None: the access time is the modification time
     refs: int | None = None  # references to its blob: the link count
 
     @classmethod
@@ -92,6 +95,11 @@ class ReadTx(abc.ABC):
 
     @abc.abstractmethod
     def has_children(self, parent: int) -> bool: ...
+
+    @abc.abstractmethod
+    def subdirs(self, parent: int) -> int:
+        """How many visible directories ``parent`` holds (a directory's link count is 2 more).
+        Proportional to the number of children: not for state directories."""
 
     @abc.abstractmethod
     def blob(self, blob_id: int) -> Blob | None: ...
@@ -152,6 +160,10 @@ class ReadTx(abc.ABC):
 class WriteTx(ReadTx):
     """Primitives inside one atomic transaction."""
 
+    # Every primitive that adds a visible name to a directory or removes one (insert, move,
+    # delete, and an update that publishes a hidden row) also sets that directory's mtime and
+    # ctime to now, in the same transaction: a directory's time shows when its names changed.
+
     @abc.abstractmethod
     def insert(self, **fields: Any) -> Entry: ...
 
@@ -206,9 +218,19 @@ class StoreBusy(Exception):
 
 
 class Store(abc.ABC):
+    #: the metadata reserve of a store kept on a local disk (store/reserve.py); None for an
+    #: engine whose metadata lives elsewhere
+    reserve: Reserve | None = None
+
     @abc.abstractmethod
     def reader(self) -> ReadTx:
         """Queries for the calling thread (the event loop); never blocks on writers."""
+
+    @abc.abstractmethod
+    def scan(self) -> AbstractContextManager[ReadTx]:
+        """Queries for a worker thread, on a read-only connection of their own and all from
+        one committed state: a long scan (the status snapshot) never holds up ``reader()``
+        or the writers. One scan runs at a time; others wait for it."""
 
     @abc.abstractmethod
     def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,

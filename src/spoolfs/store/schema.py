@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-VERSION = 2
+VERSION = 3
 
 TABLES = """
 -- Every node of the tree: the root, queues, state dirs, consumer views, messages.
@@ -33,6 +33,7 @@ CREATE TABLE IF NOT EXISTS entries (
     retry_ns    INTEGER,                            -- in error/: when it goes back to ready/
     abandoned   INTEGER NOT NULL DEFAULT 0,         -- in error/: out of attempts, stays until redriven
     duplicate_of INTEGER,                           -- skipped as a duplicate of this message
+    atime_ns    INTEGER,                            -- last access time when set apart (touch -a); NULL: mtime_ns
     UNIQUE (parent, name)
 );
 CREATE INDEX IF NOT EXISTS entries_queue_state ON entries(queue, state, enqueued_ns);
@@ -100,5 +101,8 @@ MIGRATIONS = {
         "ALTER TABLE entries ADD COLUMN retry_ns INTEGER",
         "ALTER TABLE entries ADD COLUMN abandoned INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE entries ADD COLUMN duplicate_of INTEGER",
+    ],
+    2: [
+        "ALTER TABLE entries ADD COLUMN atime_ns INTEGER",
     ],
 }

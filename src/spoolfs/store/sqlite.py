@@ -2,6 +2,10 @@
 
 Two connections: one for queries on the event loop's thread, one for write batches in a worker
 thread. Several daemons may open the same file; SQLite's locks serialize their writers.
+
+A store directory keeps a metadata reserve (store/reserve.py): before opening and before every
+commit, a nearly full disk releases it, and a commit or open that finds the disk full all the
+same fails with ``StoreFull`` (ENOSPC, one clear line) rather than a bare I/O error.
 """
 
 from __future__ import annotations
@@ -9,14 +13,18 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from spoolfs.core.errors import SpoolError, StoreFailure
+from spoolfs.core.errors import SpoolError, StoreFailure, StoreFull
 from spoolfs.core.rules import State
 from spoolfs.store import schema
 from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, StoreBusy, WriteTx
+from spoolfs.store.private import FILE_MODE, make_store_dir
+from spoolfs.store.reserve import FULL_ERRNOS, Reserve
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +32,24 @@ _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 # The blob's reference count rides along: it is the message's link count.
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
 BUSY_TIMEOUT_MS = 30_000
+
+
+def raise_if_full(e: BaseException, reserve: Reserve | None) -> None:
+    """Raise ``StoreFull`` from ``e`` when it means the store's disk is full, releasing the
+    reserve (if any is left) so that a retry finds space. SQLite says SQLITE_FULL when a
+    write finds no space, but a plain I/O error when it cannot size its shared-memory index."""
+    if isinstance(e, OSError):
+        full = e.errno in FULL_ERRNOS
+    elif isinstance(e, sqlite3.Error):
+        code = (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+        full = code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and reserve is not None
+                                               and reserve.nearly_full())
+    else:
+        full = False
+    if full:
+        if reserve is not None:
+            reserve.release("the store's disk is full")
+        raise StoreFull(f"the store's disk is full ({e})") from e
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -55,6 +81,11 @@ class SqliteRead(ReadTx):
     def has_children(self, parent: int) -> bool:
         return self.conn.execute("SELECT 1 FROM entries WHERE parent=? LIMIT 1",
                                  (parent,)).fetchone() is not None
+
+    def subdirs(self, parent: int) -> int:
+        return self.conn.execute(  # S_IFMT / S_IFDIR
+            "SELECT COUNT(*) FROM entries WHERE parent=? AND hidden=0 AND (mode & 61440)=16384",
+            (parent,)).fetchone()[0]  # type: ignore[no-any-return]
 
     def blob(self, blob_id: int) -> Blob | None:
         row = self.conn.execute("SELECT id, sha256, size, refcount, data FROM blobs WHERE id=?",
@@ -148,24 +179,54 @@ class SqliteWrite(SqliteRead, WriteTx):
             f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
         entry = self.get(cur.lastrowid)  # type: ignore[arg-type]
         assert entry is not None
+        if not entry.hidden:
+            self._dir_changed(entry.parent)
         return entry
+
+    def _dir_changed(self, *dirs: int | None) -> None:
+        """A name appeared in or left these directories: their mtime and ctime move, as on
+        any file system (scripts poll a directory's time), for every daemon on the store."""
+        now = time.time_ns()
+        for d in dict.fromkeys(dirs):
+            if d is not None:
+                self.conn.execute("UPDATE entries SET mtime_ns=?, ctime_ns=? WHERE id=?",
+                                  (now, now, d))
+
+    def _hidden(self, entry_id: int) -> bool | None:
+        row = self.conn.execute("SELECT hidden FROM entries WHERE id=?", (entry_id,)).fetchone()
+        return None if row is None else bool(row[0])
 
     def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
              **fields: Any) -> bool:
         sets, vals = _fields(fields)
         sets = f"parent=?, name=?{', ' + sets if sets else ''}"
+        was_hidden = self._hidden(entry_id)
         cur = self.conn.execute(
             f"UPDATE entries SET {sets} WHERE id=? AND parent=? AND name=?",
             [new_parent, new_name, *vals, entry_id, parent, name])
-        return cur.rowcount == 1
+        if cur.rowcount != 1:
+            return False
+        # a hidden upload is no name in its directory: it leaves or arrives unseen
+        self._dir_changed(None if was_hidden else parent,
+                          None if fields.get("hidden", was_hidden) else new_parent)
+        return True
 
     def update(self, entry_id: int, **fields: Any) -> bool:
         sets, vals = _fields(fields)
+        appears = "hidden" in fields and not fields["hidden"] and self._hidden(entry_id)
         cur = self.conn.execute(f"UPDATE entries SET {sets} WHERE id=?", [*vals, entry_id])
+        if appears and cur.rowcount == 1:  # a hidden upload published: a name arrives
+            self._dir_changed(self.get(entry_id).parent)  # type: ignore[union-attr]
         return cur.rowcount == 1
 
     def delete(self, entry_id: int) -> bool:
-        return self.conn.execute("DELETE FROM entries WHERE id=?", (entry_id,)).rowcount == 1
+        rows = self.conn.execute("DELETE FROM entries WHERE id=? RETURNING parent, hidden",
+                                 (entry_id,)).fetchall()
+        if not rows:
+            return False
+        if not rows[0][1]:
+            self._dir_changed(rows[0][0])
+        return True
 
     def set_policy(self, queue: int, values: dict[str, str | None]) -> None:
         for key, value in values.items():
@@ -220,17 +281,25 @@ class SqliteWrite(SqliteRead, WriteTx):
 
 
 class SqliteStore(Store):
-    """``path`` is the database file; created with its schema and root entry if missing."""
+    """``path`` is the database file; created with its schema and root entry if missing.
+    ``reserve`` is the store directory's metadata reserve, released when the disk fills."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, reserve: Reserve | None = None) -> None:
         self.path = path
+        self.reserve = reserve
         self._wconn = _connect(path)
-        self._init_schema()
-        self._rconn = _connect(path)
+        try:
+            self._init_schema()
+            self._rconn = _connect(path)
+        except BaseException:
+            self._wconn.close()
+            raise
         self._reader = SqliteRead(self._rconn)
         self._writer = SqliteWrite(self._wconn)
         self._sync = "FULL"
         self._busy_ms = BUSY_TIMEOUT_MS
+        self._scan_conn: sqlite3.Connection | None = None  # opened at the first scan
+        self._scan_lock = threading.Lock()
 
     def _init_schema(self) -> None:
         c = self._wconn
@@ -247,7 +316,8 @@ class SqliteStore(Store):
             self._migrate()
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            if c.in_transaction:  # SQLite has rolled back by itself after some errors
+                c.execute("ROLLBACK")
             raise
         c.executescript(schema.INDEXES)
 
@@ -264,10 +334,24 @@ class SqliteStore(Store):
                 c.execute(stmt)
             version += 1
             log.info("store %s migrated to schema version %d", self.path, version)
-        c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
+        if row is None or int(row[0]) != version:  # opening an up-to-date store writes nothing
+            c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
 
     def reader(self) -> ReadTx:
         return self._reader
+
+    @contextmanager
+    def scan(self) -> Iterator[ReadTx]:
+        with self._scan_lock:
+            if self._scan_conn is None:
+                self._scan_conn = _connect(self.path)
+                self._scan_conn.execute("PRAGMA query_only=ON")
+            conn = self._scan_conn
+            conn.execute("BEGIN")  # every query below sees the same committed state
+            try:
+                yield SqliteRead(conn)
+            finally:
+                conn.execute("COMMIT")
 
     def _set_sync(self, mode: str) -> None:
         if mode != self._sync:
@@ -287,11 +371,14 @@ class SqliteStore(Store):
         self._set_sync("FULL" if durable else "NORMAL")
         self._set_busy_timeout(BUSY_TIMEOUT_MS if wait else 0)
         results: list[tuple[bool, Any]] = []
+        if self.reserve is not None:
+            self.reserve.release_if_low()
         try:
             c.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as e:
             if not wait and e.sqlite_errorcode == sqlite3.SQLITE_BUSY:
                 raise StoreBusy() from e
+            raise_if_full(e, self.reserve)
             raise StoreFailure(f"store unavailable: {e}") from e
         except sqlite3.Error as e:
             raise StoreFailure(f"store unavailable: {e}") from e
@@ -315,6 +402,7 @@ class SqliteStore(Store):
                 c.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            raise_if_full(e, self.reserve)
             raise StoreFailure(f"store commit failed: {e}") from e
         except BaseException:
             c.execute("ROLLBACK")
@@ -322,10 +410,24 @@ class SqliteStore(Store):
         return results
 
     def close(self) -> None:
+        with self._scan_lock:
+            if self._scan_conn is not None:
+                self._scan_conn.close()
         self._rconn.close()
         self._wconn.close()
 
 
 def open_store(store_dir: str) -> SqliteStore:
-    os.makedirs(store_dir, exist_ok=True)
-    return SqliteStore(os.path.join(store_dir, "meta.db"))
+    """Open (or create) the store in ``store_dir``. On a full disk, the reserve makes room for
+    the database's log and index; without one, ``StoreFull`` says the disk is full."""
+    reserve = Reserve(store_dir)
+    try:
+        make_store_dir(store_dir)
+        reserve.release_if_low()
+        db = os.path.join(store_dir, "meta.db")
+        # Made owner-only before SQLite opens it: its -wal and -shm files take its mode.
+        os.close(os.open(db, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
+        return SqliteStore(db, reserve)
+    except (sqlite3.Error, OSError) as e:
+        raise_if_full(e, reserve)
+        raise

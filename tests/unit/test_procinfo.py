@@ -1,0 +1,63 @@
+"""Reading how a process ends from /proc (fuse/procinfo.py), on real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from helpers import wait_until
+from spoolfs.fuse import procinfo
+
+
+def test_a_name_with_spaces_and_parentheses_does_not_shift_the_fields(tmp_path: Path) -> None:
+    odd = tmp_path / "a) R 1 (b"  # the command name shows as this in /proc/PID/stat
+    odd.symlink_to("/bin/sleep")
+    p = subprocess.Popen([str(odd), "600"])
+    try:
+        wait_until(lambda: Path(f"/proc/{p.pid}/comm").read_text().strip() == odd.name,
+                   what="sleep to run under its odd name")
+        fields = procinfo._fields(p.pid)
+        assert fields is not None and fields[1] == str(os.getpid())  # its parent: us
+        assert procinfo.exit_status(p.pid) is None  # running
+        assert procinfo.child_unfinished(os.getpid()) is None  # no child is ending
+        assert procinfo.opener_unfinished(p.pid) is None
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_gone_process_tells_nothing() -> None:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    assert procinfo.exit_status(p.pid) is None
+    assert procinfo.process_of(p.pid) == p.pid
+
+
+def test_statuses_read_as_people_say_them() -> None:
+    assert procinfo.describe(signal.SIGKILL) == "was killed by SIGKILL"
+    assert procinfo.describe(signal.SIGTERM | 0x80) == "was killed by SIGTERM"  # core dumped
+    assert procinfo.describe(3 << 8) == "exited with status 3"
+
+
+def test_a_thread_belongs_to_its_process() -> None:
+    tids: list[int] = []
+    seen = threading.Event()
+    done = threading.Event()
+
+    def thread() -> None:
+        tids.append(threading.get_native_id())
+        seen.set()
+        done.wait()
+
+    t = threading.Thread(target=thread)
+    t.start()
+    try:
+        seen.wait()
+        assert tids[0] != os.getpid()
+        assert procinfo.process_of(tids[0]) == os.getpid()
+    finally:
+        done.set()
+        t.join()
