@@ -120,6 +120,24 @@ def test_a_refused_write_logs_its_size_not_its_content(mount: Mount, tmp_path: P
     assert f"<{len(secret)} bytes>" in log
 
 
+def test_a_refused_setxattr_logs_its_name_and_size_not_its_value(mount: Mount,
+                                                                 tmp_path: Path) -> None:
+    """A header value is content too; its name is what an operator needs to see."""
+    q = Queue.create(mount.path, "q", tmp_path / "scratch")
+    q.publish("m")
+    with pytest.raises(OSError) as e:  # headers are set in partial/, before publishing
+        os.setxattr(q.ready / "m", "user.token", b"secret-token-0123456789")
+    assert e.value.errno == 1  # EPERM
+
+    def logged() -> str | None:
+        lines = [line for line in mount.log_text().splitlines() if "refused setxattr" in line]
+        return lines[-1] if lines else None
+
+    line = wait_until(logged, timeout=10, what="the refused setxattr in the log")
+    assert "b'user.token'" in line and "<23 bytes>" in line, line
+    assert "secret-token" not in mount.log_text()
+
+
 def _listening(port: int) -> list[str]:
     """Local addresses (hex, as /proc/net/tcp{,6} writes them) listening on ``port``."""
     out = []
