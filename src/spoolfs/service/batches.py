@@ -12,7 +12,7 @@ from __future__ import annotations
 import stat
 from collections.abc import Iterator
 
-from spoolfs.core.errors import NotPermitted
+from spoolfs.core.errors import IsADirectory, NotADirectory, NotEmpty, NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.store.base import Entry, ReadTx, WriteTx
 
@@ -82,3 +82,15 @@ def delete_tree(tx: WriteTx, root: Entry, release) -> None:  # type: ignore[no-u
     for m in reversed(members):
         tx.delete(m.id)  # the row first: the last reference may delete its blob row
         release(tx, m)
+
+
+def check_replace(tx: ReadTx, src: Entry, old: Entry) -> None:
+    """Renaming upload ``src`` onto upload ``old`` in ``partial/``, as rename(2) anywhere: a
+    file never replaces a batch (EISDIR), a batch never a file (ENOTDIR), nor a batch that
+    holds anything (ENOTEMPTY). Finished messages replace each other whole instead."""
+    if is_dir(old) and not is_dir(src):
+        raise IsADirectory(f"{old.name!r} is a batch")
+    if is_dir(src) and not is_dir(old):
+        raise NotADirectory(f"{old.name!r} is not a batch")
+    if is_dir(old) and tx.has_children(old.id):
+        raise NotEmpty(f"batch {old.name!r} is not empty")

@@ -680,12 +680,10 @@ class Spool:
                 if flags & RENAME_NOREPLACE or old.hidden:
                     raise Exists("target exists")
                 rules.decide_replace(dst_kind, False)
-                if old.kind != "message" or (is_dir(old) and not is_dir(src)):
-                    raise IsADirectory(f"{old.name!r} is a directory")
-                if is_dir(src) and not is_dir(old):
-                    raise NotADirectory(f"{old.name!r} is not a directory")
-                if is_dir(old) and tx.has_children(old.id):
-                    raise NotEmpty(f"batch {old.name!r} is not empty")
+                if old.kind != "message":
+                    raise IsADirectory()
+                if dst_kind in rules.MUTABLE:  # uploads: a directory's rules, as anywhere
+                    batches.check_replace(tx, src, old)
                 self.delete_message(tx, old, cleanup)
                 tx.add_history(old.id, now, "replaced", place(old), None, who.uid, who.pid,
                                f"replaced by {src.id}")
