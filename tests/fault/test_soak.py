@@ -50,11 +50,13 @@ class Consumers:
         self.seed = 0
         self.killed = 0
         self.outputs: list[Path] = []
+        self.output_of: dict[str, Path] = {}
 
     def start(self, consumer: str) -> None:
         self.seed += 1
         out = self.logs / f"{consumer}-{self.seed}.out"
         self.outputs.append(out)
+        self.output_of[consumer] = out
         with open(out, "wb") as f:
             self.procs[consumer] = subprocess.Popen(
                 [sys.executable, str(CONSUMER), str(self.queue.path), consumer, str(self.seed),
@@ -69,7 +71,7 @@ class Consumers:
                 self.killed += 1
                 self.start(c)
             elif rc != 0:
-                raise AssertionError(f"consumer {c} failed ({rc}): {self.outputs[-1].read_text()}")
+                raise AssertionError(f"consumer {c} failed ({rc}): {self.output_of[c].read_text()}")
             else:
                 self.start(c)  # idle for a while: keep the pool full while work remains
 

@@ -18,6 +18,7 @@ from spoolfs.service import gc
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.spool import Spool
 
+from helpers import patience
 from test_spool import WHO, running, upload
 from test_spool import content as read
 
@@ -117,7 +118,7 @@ async def test_a_file_whose_row_commits_while_gc_waits_for_the_lock_is_kept(
     try:
         t = threading.Thread(target=lambda: result.append(gc.collect(str(store), grace_ns=0)))
         t.start()
-        assert marked.wait(10)  # the file is a candidate...
+        assert marked.wait(patience(10))  # the file is a candidate...
         time.sleep(0.2)  # ...and the sweep waits for the write lock
         msg = conn.execute(
             "INSERT INTO entries (parent, name, kind, queue, state, blob, size, mode, mtime_ns, "
@@ -125,7 +126,7 @@ async def test_a_file_whose_row_commits_while_gc_waits_for_the_lock_is_kept(
             "33188, 0, 0, 0, 0 FROM entries WHERE id=?",
             (d[State.READY], bid, len(data), d[State.READY])).lastrowid
         conn.execute("COMMIT")
-        t.join(30)
+        t.join(patience(30))
     finally:
         gc.sweep_blob_files = orig
         conn.close()
@@ -136,7 +137,7 @@ async def test_a_file_whose_row_commits_while_gc_waits_for_the_lock_is_kept(
 async def test_periodic_collects_in_the_background(env: Env) -> None:
     spool, d, store = env
     loose = orphan_file(spool, 6000)
-    with trio.move_on_after(10):
+    with trio.move_on_after(patience(10)):
         async with trio.open_nursery() as n:
             n.start_soon(gc.periodic, str(store), 0.01, 0)
             while os.path.exists(loose):
