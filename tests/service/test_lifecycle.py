@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from spoolfs.core import policy as P
-from spoolfs.core.errors import Invalid, NotFound, SpoolError
+from spoolfs.core.errors import Invalid, NoAttribute, NotFound, SpoolError
 from spoolfs.core.policy import NS
 from spoolfs.core.rules import State
 from spoolfs.service.content import INLINE_MAX
@@ -160,6 +160,26 @@ async def test_expired_lease_goes_to_error_then_back_to_ready(env: Env) -> None:
     assert actions(spool, mid) == ["publish", "claim", "expire", "retry"]
     assert lc.expired == 1 and lc.retried == 1
     assert await lc.expire_leases() == 0 and await lc.send_retries() == 0  # nothing twice
+
+
+async def test_a_retried_message_finished_in_success_has_no_error(env: Env) -> None:
+    """The failure reason stays with a retried message in ready/ (why it came back), but a
+    message that then succeeds shows none in success/: finishing to success clears it."""
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f")
+    w = await env.view()
+    await claim(spool, q, w, b"f")
+    clock.advance(10 * NS)
+    await lc.step()  # expired, then retried at once (backoff 0)
+    assert spool.get(mid).state is State.READY and attr(spool, mid, b"error") == b"lease expired"
+    await claim(spool, q, w, b"f")
+    await spool.rename(w, b"f", q[State.SUCCESS], b"f", 0, WHO)
+    e = spool.get(mid)
+    assert e.state is State.SUCCESS and e.error is None
+    with pytest.raises(NoAttribute):
+        attr(spool, mid, b"error")
+    assert b"user.spool.error" not in spool.xattr_names(e)
 
 
 async def test_one_step_expires_and_retries_with_zero_backoff(env: Env) -> None:

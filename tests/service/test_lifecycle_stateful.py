@@ -33,7 +33,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from spoolfs.core import policy as P
 from spoolfs.core.errors import Exists
 from spoolfs.core.policy import NS
-from spoolfs.core.rules import State
+from spoolfs.core.rules import Action, State
+from spoolfs.core.transitions import transition
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import Handle
 from spoolfs.service.fsck import Fsck
@@ -480,7 +481,12 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert e.state is State.ERROR and e.retry_ns is None
             if e.retry_ns is not None:
                 assert e.state is State.ERROR and not e.abandoned
-            actions = [h[1] for h in self.spools[0].r.history(mid)]
+            if e.state is State.SUCCESS:
+                assert e.error is None, f"message {mid} in success/ with error {e.error!r}"
+            history = self.spools[0].r.history(mid)
+            for _, action, _, dst, *_ in history:  # every move is a row of the table
+                transition(Action(action), State(dst.split("/")[0]) if dst else None)
+            actions = [h[1] for h in history]
             assert actions.count("claim") == m.claims
             assert actions.count("expire") == m.expires
 

@@ -1,5 +1,5 @@
 """The documentation says what the code does: its tables are rendered here from ``core.rules``,
-``core.errors`` and ``store.schema`` and must appear in the docs word for word, and the
+``core.transitions``, ``core.errors`` and ``store.schema`` and must appear in the docs word for word, and the
 README's test command is what CI runs.
 
 When a rule changes, print the tables to paste into docs/design.md with:
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from spoolfs.core import errors, rules
-from spoolfs.core.rules import Kind, Scope
+from spoolfs.core import errors, rules, transitions
+from spoolfs.core.rules import Kind, Scope, State
 from spoolfs.store import schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +72,50 @@ def durable_line() -> str:
            f"Committed without waiting for the disk: {', '.join(lazy)}."
 
 
+def _sources(row: transitions.Transition) -> str:
+    if row.sources == frozenset(Kind):
+        return "any"
+    return ", ".join("new" if k is None else label(k)
+                     for k in [None, *Kind] if k in row.sources)
+
+
+def _targets(row: transitions.Transition) -> str:
+    if row.targets == frozenset(State):
+        return "any"
+    return ", ".join("deleted" if s is None else f"`{s.value}/`"
+                     for s in [*State, None] if s in row.targets)
+
+
+def effects_table() -> str:
+    """Every action (``transitions.TRANSITIONS``): from where, to where, what it changes."""
+    rows = [[f"**{row.action.value}**", "daemon" if row.by_daemon else "user", _sources(row),
+             _targets(row),
+             ", ".join(f"{k} {v}" for k, v in row.effects.changes().items()) or "-"]
+            for row in transitions.TRANSITIONS]
+    return table(["action", "by", "from", "to", "sets"], rows)
+
+
+def state_diagram() -> str:
+    """The Mermaid state diagram of the same rows (plain moves within a state left out)."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for row in transitions.TRANSITIONS:
+        if row.action is rules.Action.MOVE:
+            continue
+        for src in sorted({"[*]" if k is None else rules.state_of(k).value
+                           for k in row.sources}, key=lambda x: (x != "[*]", x)):
+            for dst in ["[*]" if s is None else s.value for s in [*State, None]
+                        if s in row.targets]:
+                labels = edges.setdefault((src, dst), [])
+                if row.action.value not in labels:
+                    labels.append(row.action.value)
+    lines = ["```mermaid", "stateDiagram-v2"]
+    lines += [f"    {src} --> {dst}: {', '.join(labels)}" for (src, dst), labels in edges.items()]
+    return "\n".join([*lines, "```"])
+
+
 def render() -> str:
-    return f"{renames_table()}\n\n{kinds_table()}\n\n{durable_line()}"
+    return f"{renames_table()}\n\n{kinds_table()}\n\n{durable_line()}\n\n" \
+           f"{effects_table()}\n\n{state_diagram()}"
 
 
 def test_design_doc_shows_the_rename_table_of_core_rules() -> None:
@@ -86,6 +128,14 @@ def test_design_doc_shows_create_link_unlink_and_durability_of_core_rules() -> N
     text = DESIGN.read_text()
     assert kinds_table() in text, "docs/design.md's per-kind table differs from core.rules"
     assert durable_line() in text, "docs/design.md's durability line differs from rules.DURABLE"
+
+
+def test_design_doc_shows_every_transition_and_its_effects() -> None:
+    text = DESIGN.read_text()
+    assert effects_table() in text, "docs/design.md's effects table differs from " \
+        "core.transitions; paste the output of `python tests/unit/test_docs.py`"
+    assert state_diagram() in text, "docs/design.md's state diagram differs from " \
+        "core.transitions; paste the output of `python tests/unit/test_docs.py`"
 
 
 def readme_paragraph(start: str) -> str:

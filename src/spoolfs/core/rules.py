@@ -76,6 +76,10 @@ class Action(enum.Enum):
     RETRY = "retry"  # a failed message with attempts left: error/ -> ready/
     FANOUT = "fanout"  # a publish into a topic: a copy into each subscriber, the original done
     DUPLICATE = "duplicate"  # content already published within the window: straight to success/
+    REFUSED = "refused"  # an upload into ready/ not published at close: to partial/
+    REPLACED = "replaced"  # a rename onto an existing name released the entry it replaced
+    RECOVERED = "recovered"  # at mount: an upload into ready/ never closed before a crash
+    REPAIR = "repair"  # fsck --repair: a message whose content is lost, to error/
 
 
 _S, _Q, _O = Scope.SAME_DIR, Scope.SAME_QUEUE, Scope.OTHER_QUEUE

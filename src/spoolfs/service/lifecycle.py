@@ -18,7 +18,9 @@ import trio
 from spoolfs.core import lifecycle as L
 from spoolfs.core.errors import SpoolError, StoreFailure
 from spoolfs.core.rules import Action, State
-from spoolfs.service.spool import Spool, free_name, place
+from spoolfs.core.transitions import Context
+from spoolfs.service.moves import DAEMON, apply
+from spoolfs.service.spool import Spool, free_name
 from spoolfs.store.base import Entry, WriteTx
 
 log = logging.getLogger(__name__)
@@ -99,15 +101,10 @@ class Lifecycle:
                 return None
             after = L.after_failure(policy, cur.attempts, now, expired=True)
             target = self._state_dir(tx, cur, State.ERROR)
-            name = free_name(tx, target, cur.name)
-            tx.move(cur.id, cur.parent, cur.name, target, name, state=State.ERROR,
-                    consumer=None, lease_ns=None, finished_ns=now, ctime_ns=now,
-                    error=L.LEASE_EXPIRED, retry_ns=after.retry_ns,
-                    abandoned=int(after.abandoned))
             why = (f"lease expired after attempt {cur.attempts} of {policy.max_attempts}; "
                    + ("abandoned" if after.abandoned else "will retry"))
-            tx.add_history(cur.id, now, Action.EXPIRE.value, place(cur), State.ERROR.value,
-                           None, None, why)
+            apply(tx, cur, Action.EXPIRE, State.ERROR, Context(now, after=after), DAEMON,
+                  into=(target, free_name(tx, target, cur.name)), why=why)
             log.info("message %d %r: %s", cur.id, cur.name, why)
             return cur.parent, cur.name
 
@@ -125,13 +122,10 @@ class Lifecycle:
                     or cur.parent is None or cur.queue is None):
                 return None
             target = self._state_dir(tx, cur, State.READY)
-            name = free_name(tx, target, cur.name)
-            tx.move(cur.id, cur.parent, cur.name, target, name, state=State.READY,
-                    consumer=None, retry_ns=None, abandoned=0, finished_ns=None,
-                    enqueued_ns=now, ctime_ns=now)
             policy = self.spool.policies.of(cur.queue)
-            tx.add_history(cur.id, now, Action.RETRY.value, place(cur), State.READY.value,
-                           None, None, f"attempt {cur.attempts + 1} of {policy.max_attempts}")
+            apply(tx, cur, Action.RETRY, State.READY, Context(now), DAEMON,
+                  into=(target, free_name(tx, target, cur.name)),
+                  why=f"attempt {cur.attempts + 1} of {policy.max_attempts}")
             return cur.parent, cur.name
 
         n = len(await self._each("retry", due, retry))

@@ -14,7 +14,9 @@ import logging
 import os
 import time
 
-from spoolfs.core.rules import State
+from spoolfs.core.rules import Action, State
+from spoolfs.core.transitions import Context
+from spoolfs.service.moves import apply
 from spoolfs.service.spool import Spool
 from spoolfs.store.base import WriteTx
 
@@ -56,9 +58,9 @@ def recover(spool: Spool) -> dict[str, int]:
             name = e.name
             if tx.lookup(partial.id, name) is not None:
                 name = (name + b".recovered-%d" % e.id)[-255:]
-            tx.move(e.id, e.parent, e.name, partial.id, name, state=State.PARTIAL, hidden=0)
-            tx.add_history(e.id, time.time_ns(), "recovered", "ready (unclosed upload)",
-                           "partial", None, os.getpid(), "upload never closed before a crash")
+            apply(tx, e, Action.RECOVERED, State.PARTIAL, Context(time.time_ns()),
+                  (None, os.getpid()), into=(partial.id, name), src="ready (unclosed upload)",
+                  why="upload never closed before a crash")
 
         spool.store.run_batch([fn], durable=True)
         counts["uploads_to_partial"] += 1

@@ -26,11 +26,13 @@ from spoolfs.core.errors import (
 )
 from spoolfs.core.names import NAME_MAX, check_ident, check_message_name, is_staging_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
+from spoolfs.core.transitions import Context, fields_of, transition
 from spoolfs.service import batches, status
 from spoolfs.service.batches import MEMBER, is_batch, is_dir
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle, Sealed, staging_error
 from spoolfs.service.guard import DiskGuard
+from spoolfs.service.moves import apply, make, place
 from spoolfs.service.policies import Policies, check_fanout
 from spoolfs.service.roles import Caller, inherit
 from spoolfs.service.snapshots import Full, Snapshots, shown_to
@@ -52,11 +54,6 @@ class Who:
     uid: int = 0
     gid: int = 0
     pid: int = 0
-
-
-def place(e: Entry) -> str:
-    assert e.state is not None
-    return f"{e.state.value}/{e.consumer}" if e.consumer else e.state.value
 
 
 def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
@@ -224,7 +221,7 @@ class Spool:
         check_message_name(name)
         if p.kind == "state":
             self.guard.check(self.policies.of(p.queue))
-            fields: dict[str, Any] = dict(kind="message", state=State.PARTIAL, queue=p.queue)
+            fields: dict[str, Any] = dict(kind="message", queue=p.queue)
         else:
             if not is_dir(p):
                 raise NotADirectory()
@@ -235,13 +232,12 @@ class Spool:
         def fn(tx: WriteTx) -> Entry:
             if tx.lookup(p.id, name) is not None:
                 raise Exists()
-            e = tx.insert(parent=p.id, name=name, mode=stat.S_IFDIR | perm,
-                          uid=who.uid, gid=gid, mtime_ns=now, ctime_ns=now, created_ns=now,
-                          **fields)
-            if e.kind == "message":
-                tx.add_history(e.id, now, Action.UPLOAD.value, None, State.PARTIAL.value,
-                               who.uid, who.pid, "a batch")
-            return e
+            row = dict(parent=p.id, name=name, mode=stat.S_IFDIR | perm, uid=who.uid, gid=gid,
+                       mtime_ns=now, created_ns=now, **fields)
+            if fields["kind"] == "message":
+                return make(tx, Action.UPLOAD, State.PARTIAL, Context(now), (who.uid, who.pid),
+                            why="a batch", **row)
+            return tx.insert(ctime_ns=now, **row)
 
         return await self.tx(fn, durable=False)  # type: ignore[no-any-return]
 
@@ -328,19 +324,21 @@ class Spool:
         check_message_name(name)
         action = rules.decide_create(rules.kind_of(state, name))
         self.guard.check(self.policies.of(d.queue))
-        return await self._new_upload(d, name, mode, who, self.clock(), kind="message",
-                                      queue=d.queue, state=state,
-                                      hidden=int(action is Action.DIRECT_PUBLISH))
+        now = self.clock()
+        return await self._new_upload(d, name, mode, who, now, kind="message", queue=d.queue,
+                                      state=state, **fields_of(transition(action, state), None,
+                                                               Context(now)))
 
     async def _new_upload(self, d: Entry, name: bytes, mode: int, who: Who, now: int,
                           **fields: Any) -> tuple[Entry, Handle]:
         """The row and the empty staging file of a new upload in ``d``, opened for writing."""
+        fields.setdefault("ctime_ns", now)
         def fn(tx: WriteTx) -> Entry:
             if tx.lookup(d.id, name) is not None:
                 raise Exists()
             e = tx.insert(parent=d.id, name=name, staged=1, mode=stat.S_IFREG | (mode & 0o7777),
                           uid=who.uid, gid=inherit(d, who.gid, mode, is_dir=False)[0],
-                          mtime_ns=now, ctime_ns=now, created_ns=now, **fields)
+                          mtime_ns=now, created_ns=now, **fields)
             self.content.staging.create(e.id)
             return e
 
@@ -490,18 +488,17 @@ class Spool:
             if ready is None:
                 raise NoSubscriber(f"queue {qname} fans out to {sub!r}, which does not exist")
             name = free_name(tx, ready.id, cur.name)
-            copy = tx.insert(parent=ready.id, name=name, kind="message", queue=sq.id,  # type: ignore[union-attr]
-                             state=State.READY, blob=cur.blob, size=cur.size, mode=cur.mode,
-                             uid=cur.uid, gid=cur.gid, mtime_ns=cur.mtime_ns, ctime_ns=now,
-                             created_ns=now, enqueued_ns=now)
+            copy = make(tx, Action.FANOUT, State.READY, Context(now), (who.uid, who.pid),
+                        src=f"{qname}/ready", why=f"from message {cur.id} of queue {qname}",
+                        parent=ready.id, name=name, kind="message", queue=sq.id,  # type: ignore[union-attr]
+                        blob=cur.blob, size=cur.size, mode=cur.mode, uid=cur.uid, gid=cur.gid,
+                        mtime_ns=cur.mtime_ns, created_ns=now)
             if is_batch(cur):
                 batches.copy_tree(tx, cur, copy, now)
             else:
                 assert cur.blob is not None, "a published message has sealed content"
                 tx.blob_ref(cur.blob, 1)
             tx.copy_xattrs(cur.id, copy.id)
-            tx.add_history(copy.id, now, Action.FANOUT.value, f"{qname}/ready", "ready",
-                           who.uid, who.pid, f"from message {cur.id} of queue {qname}")
             self._arrive(tx, copy.id, now, who, path + (cur.queue,))
         self._to_success(tx, cur, now, who, Action.FANOUT, "to " + ", ".join(policy.fanout))
         return True
@@ -512,12 +509,8 @@ class Spool:
         assert cur.queue is not None and cur.parent is not None
         success = tx.lookup(cur.queue, State.SUCCESS.value.encode())
         assert success is not None
-        name = free_name(tx, success.id, cur.name)
-        tx.move(cur.id, cur.parent, cur.name, success.id, name, state=State.SUCCESS,
-                consumer=None, finished_ns=now, ctime_ns=now, lease_ns=None, retry_ns=None,
-                abandoned=0, **fields)
-        tx.add_history(cur.id, now, action.value, place(cur), State.SUCCESS.value, who.uid,
-                       who.pid, why)
+        apply(tx, cur, action, State.SUCCESS, Context(now), (who.uid, who.pid),
+              into=(success.id, free_name(tx, success.id, cur.name)), why=why, **fields)
 
     # ---- leases ---------------------------------------------------------------------------
 
@@ -594,11 +587,8 @@ class Spool:
                 return
             partial = tx.lookup(cur.queue, State.PARTIAL.value.encode())
             assert partial is not None
-            name = free_name(tx, partial.id, cur.name)
-            tx.move(cur.id, cur.parent, cur.name, partial.id, name, state=State.PARTIAL,
-                    hidden=0, ctime_ns=now)
-            tx.add_history(cur.id, now, "refused", "upload", State.PARTIAL.value, who.uid,
-                           who.pid, why)
+            apply(tx, cur, Action.REFUSED, State.PARTIAL, Context(now), (who.uid, who.pid),
+                  into=(partial.id, free_name(tx, partial.id, cur.name)), src="upload", why=why)
 
         await self.tx(fn)
         log.warning("upload %r: not published at close (%s); moved to partial/", e.name, why)
@@ -617,9 +607,8 @@ class Spool:
             if cur is None or not cur.hidden:
                 raise NotFound()
             self.content.attach(tx, e.id, sealed)
-            tx.update(e.id, hidden=0, enqueued_ns=now, ctime_ns=now)
-            tx.add_history(e.id, now, Action.PUBLISH.value, "upload", place(cur), who.uid,
-                           who.pid, None)
+            apply(tx, cur, Action.PUBLISH, State.READY, Context(now), (who.uid, who.pid),
+                  src="upload", dst=place(cur))
             self._arrive(tx, e.id, now, who)
 
         await self.tx(fn)
@@ -669,8 +658,14 @@ class Spool:
         members = await self._seal_batch(src) if action is Action.PUBLISH and is_batch(src) \
             else []
         now = self.clock()
-        consumer = d.name.decode() if d.kind == "consumer" else None
         policy = self.policies.of(d.queue)
+        by = (who.uid, who.pid)
+        # the values this row's effects may need (the table says which apply)
+        ctx = Context(now, attempts=src.attempts, lease_end=L.lease_end(policy, now),
+                      after=L.after_failure(policy, src.attempts, now, expired=False),
+                      consumer=d.name.decode() if d.kind == "consumer" else None,
+                      owner=(who.uid, inherit(d, who.gid, src.mode, is_dir=False)[0]),
+                      writing=defer)
         cleanup: list[tuple[str, object]] = []
         left: list[bool] = []  # the message went on from ready/ (fan-out, skipped duplicate)
 
@@ -685,31 +680,9 @@ class Spool:
                 if dst_kind in rules.MUTABLE:  # uploads: a directory's rules, as anywhere
                     batches.check_replace(tx, src, old)
                 self.delete_message(tx, old, cleanup)
-                tx.add_history(old.id, now, "replaced", place(old), None, who.uid, who.pid,
-                               f"replaced by {src.id}")
-            fields: dict[str, Any] = dict(state=dst_state, queue=d.queue, consumer=consumer,
-                                          ctime_ns=now)
-            if dst_state is not State.WORKING:
-                fields.update(lease_ns=None)
-            if dst_state is not State.ERROR:
-                fields.update(retry_ns=None, abandoned=0)
-            if action is Action.PUBLISH:
-                fields.update(enqueued_ns=now, hidden=int(defer))
-            if action in self.TAKES_OWNERSHIP:
-                fields.update(uid=who.uid, gid=inherit(d, who.gid, src.mode, is_dir=False)[0])
-            if action is Action.CLAIM:
-                fields.update(claimed_ns=now, attempts=src.attempts + 1,
-                              lease_ns=L.lease_end(policy, now))
-            elif action is Action.FINISH:
-                fields.update(finished_ns=now)
-                if dst_state is State.ERROR:
-                    after = L.after_failure(policy, src.attempts, now, expired=False)
-                    fields.update(retry_ns=after.retry_ns, abandoned=int(after.abandoned))
-            elif action is Action.RELEASE:  # given back unprocessed: not an attempt
-                fields.update(attempts=max(src.attempts - 1, 0))
-            elif action in (Action.REDRIVE, Action.FORWARD):
-                fields.update(enqueued_ns=now, finished_ns=None, attempts=0, error=None)
-            if not tx.move(src.id, parent, name, new_parent, new_name, **fields):
+                apply(tx, old, Action.REPLACED, None, ctx, by, why=f"replaced by {src.id}")
+            if not apply(tx, src, action, dst_state, ctx, by, into=(new_parent, new_name),
+                         queue=d.queue):
                 raise NotFound("already moved")
             if sealed is not None:
                 self.content.attach(tx, src.id, sealed)
@@ -720,9 +693,6 @@ class Spool:
                     raise NotFound("a file of the batch changed while it was published")
                 self.content.attach(tx, member_id, member_sealed)
                 cleanup.append(("staging", member_id))
-            tx.add_history(src.id, now, action.value, place(src),
-                           f"{dst_state.value}/{consumer}" if consumer else dst_state.value,
-                           who.uid, who.pid, None)
             if action in self.ARRIVALS and not defer and self._arrive(tx, src.id, now, who):
                 left.append(True)
 
@@ -733,12 +703,6 @@ class Spool:
             self.on_gone(new_parent, new_name)
             self._link_counts_changed(self.get(src.id).blob)
         return defer
-
-    #: A claim makes the claimer the message's owner (its group: the view's, when setgid), so
-    #: that whoever holds a claim may heartbeat (``touch``), annotate (``setfattr``) and chmod
-    #: it under the kernel's checks, however the producer left its mode; a hand-over makes the
-    #: caller the owner. The owner stays when the message moves on.
-    TAKES_OWNERSHIP = frozenset({Action.CLAIM, Action.HANDOVER})
 
     #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT
     STALE_MAX = 1000
@@ -811,7 +775,7 @@ class Spool:
             if cur is None or cur.parent != parent or cur.name != name:
                 raise NotFound()
             self.delete_message(tx, cur, cleanup)
-            tx.add_history(cur.id, now, action.value, place(cur), None, who.uid, who.pid, None)
+            apply(tx, cur, action, None, Context(now), (who.uid, who.pid))
 
         await self.tx(fn)
         self.content.cleanup(cleanup)
@@ -845,14 +809,12 @@ class Spool:
                 assert cur is not None
             assert cur.blob is not None
             tx.blob_ref(cur.blob, 1)
-            e = tx.insert(parent=new_parent, name=new_name, kind="message", queue=d.queue,
-                          state=dst_state, blob=cur.blob, size=cur.size, mode=cur.mode,
-                          uid=who.uid, gid=who.gid, mtime_ns=cur.mtime_ns, ctime_ns=now,
-                          created_ns=now,
-                          enqueued_ns=now if action is Action.LINK_PUBLISH else None)
+            e = make(tx, action, dst_state, Context(now), (who.uid, who.pid),
+                     why=f"linked from message {cur.id}", parent=new_parent, name=new_name,
+                     kind="message", queue=d.queue, blob=cur.blob, size=cur.size,
+                     mode=cur.mode, uid=who.uid, gid=who.gid, mtime_ns=cur.mtime_ns,
+                     created_ns=now)
             tx.copy_xattrs(cur.id, e.id)
-            tx.add_history(e.id, now, action.value, None, dst_state.value, who.uid, who.pid,
-                           f"linked from message {cur.id}")
             if action in self.ARRIVALS and self._arrive(tx, e.id, now, who):
                 left.append(True)
                 return tx.get(e.id)
