@@ -28,7 +28,8 @@ def _engines() -> list[type[WriteTx]]:
 def check_history(action: str, dst: str | None, caller: str) -> None:
     """One history row: written by ``service/moves.py``, its action a row of the table
     whose targets hold the state it names."""
-    assert caller == moves.__file__, f"history {action!r} written outside service/moves.py: {caller}"
+    assert caller == moves.__file__, \
+        f"history {action!r} written outside service/moves.py: {caller}"
     to = State(dst.split("/")[0]) if dst is not None else None
     transitions.transition(Action(action), to)  # KeyError: no such row
 

@@ -1,6 +1,6 @@
-"""The documentation says what the code does: its tables are rendered here from ``core.rules``,
-``core.transitions``, ``core.errors`` and ``store.schema`` and must appear in the docs word for word, and the
-README's test command is what CI runs.
+"""The documentation says what the code does: its tables are rendered here from
+``core.rules``, ``core.transitions``, ``core.errors`` and ``store.schema`` and must appear in
+the docs word for word, and the README's test command is what CI runs.
 
 When a rule changes, print the tables to paste into docs/design.md with:
 ``python tests/unit/test_docs.py``

@@ -14,7 +14,8 @@ Adding an action is one row here (and its ``Action`` member in ``core.rules``).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spoolfs.core.errors import NotPermitted
@@ -126,10 +127,15 @@ _UPLOADS = frozenset({K.PARTIAL, K.STAGING})
 #: where a finished message lands: no lease, no consumer, no pending retry
 #: a deletion changes no field: the row is gone (the caller deletes it)
 _GONE = Effects(ctime=Stamp.KEEP)
-_DONE = dict(finished=Stamp.SET, lease=Lease.CLEAR, retry=Retry.CLEAR, consumer=Consumer.CLEAR)
+_DONE = Effects(finished=Stamp.SET, lease=Lease.CLEAR, retry=Retry.CLEAR,
+                consumer=Consumer.CLEAR)
+
+#: a finished message sent back (to its queue or another): a new message in all but its content
+_START_OVER = Effects(enqueued=Stamp.SET, finished=Stamp.CLEAR, attempts=Attempts.RESET,
+                      retry=Retry.CLEAR, error=Reason.CLEAR, consumer=Consumer.CLEAR)
 
 
-def _t(action: Action, sources: set[Kind | None], targets: set[State | None],
+def _t(action: Action, sources: AbstractSet[Kind | None], targets: AbstractSet[State | None],
        effects: Effects = Effects(), by_daemon: bool = False) -> Transition:
     return Transition(action, frozenset(sources), frozenset(targets), effects, by_daemon)
 
@@ -147,17 +153,13 @@ TRANSITIONS: tuple[Transition, ...] = (
        E(claimed=Stamp.SET, attempts=Attempts.ADD, lease=Lease.START, consumer=Consumer.VIEW,
          owner=Owner.TAKE)),
     _t(A.HANDOVER, {K.WORKING}, {S.WORKING}, E(consumer=Consumer.VIEW, owner=Owner.TAKE)),
-    _t(A.FINISH, {K.WORKING}, {S.SUCCESS}, E(**_DONE, error=Reason.CLEAR)),
+    _t(A.FINISH, {K.WORKING}, {S.SUCCESS}, replace(_DONE, error=Reason.CLEAR)),
     _t(A.FINISH, {K.WORKING}, {S.ERROR},  # the reason is the consumer's user.spool.error
-       E(**{**_DONE, "retry": Retry.AFTER_FAILURE})),
+       replace(_DONE, retry=Retry.AFTER_FAILURE)),
     _t(A.RELEASE, {K.WORKING}, {S.READY},
        E(attempts=Attempts.GIVE_BACK, lease=Lease.CLEAR, consumer=Consumer.CLEAR)),
-    _t(A.REDRIVE, {K.SUCCESS, K.ERROR}, {S.READY},
-       E(enqueued=Stamp.SET, finished=Stamp.CLEAR, attempts=Attempts.RESET, retry=Retry.CLEAR,
-         error=Reason.CLEAR, consumer=Consumer.CLEAR)),
-    _t(A.FORWARD, {K.SUCCESS, K.ERROR}, {S.READY},
-       E(enqueued=Stamp.SET, finished=Stamp.CLEAR, attempts=Attempts.RESET, retry=Retry.CLEAR,
-         error=Reason.CLEAR, consumer=Consumer.CLEAR)),
+    _t(A.REDRIVE, {K.SUCCESS, K.ERROR}, {S.READY}, _START_OVER),
+    _t(A.FORWARD, {K.SUCCESS, K.ERROR}, {S.READY}, _START_OVER),
     _t(A.LINK, {NEW}, {S.PARTIAL, S.READY}),
     _t(A.LINK_PUBLISH, {NEW}, {S.READY}, E(enqueued=Stamp.SET)),
     _t(A.DELETE, set(Kind) - {K.WORKING}, {GONE}, _GONE),
@@ -166,19 +168,21 @@ TRANSITIONS: tuple[Transition, ...] = (
     _t(A.REPLACED, _UPLOADS | {K.SUCCESS, K.ERROR}, {GONE}, _GONE),
     # ---- the daemon's own moves (DESIGN §4, §5)
     _t(A.EXPIRE, {K.WORKING}, {S.ERROR},
-       E(**{**_DONE, "retry": Retry.AFTER_FAILURE}, error=Reason.LEASE_EXPIRED), by_daemon=True),
+       replace(_DONE, retry=Retry.AFTER_FAILURE, error=Reason.LEASE_EXPIRED), by_daemon=True),
     # the reason it failed stays: it tells why the message came back
     _t(A.RETRY, {K.ERROR}, {S.READY},
        E(enqueued=Stamp.SET, finished=Stamp.CLEAR, retry=Retry.CLEAR, consumer=Consumer.CLEAR),
        by_daemon=True),
-    _t(A.FANOUT, {NEW}, {S.READY}, E(enqueued=Stamp.SET), by_daemon=True),  # each subscriber's copy
-    _t(A.FANOUT, {K.READY}, {S.SUCCESS}, E(**_DONE, error=Reason.CLEAR), by_daemon=True),
-    _t(A.DUPLICATE, {K.READY}, {S.SUCCESS}, E(**_DONE, error=Reason.CLEAR), by_daemon=True),
+    # each subscriber's copy, then the original, done
+    _t(A.FANOUT, {NEW}, {S.READY}, E(enqueued=Stamp.SET), by_daemon=True),
+    _t(A.FANOUT, {K.READY}, {S.SUCCESS}, replace(_DONE, error=Reason.CLEAR), by_daemon=True),
+    _t(A.DUPLICATE, {K.READY}, {S.SUCCESS}, replace(_DONE, error=Reason.CLEAR),
+       by_daemon=True),
     _t(A.REFUSED, {K.READY}, {S.PARTIAL}, E(hidden=Hidden.SHOW), by_daemon=True),
     # recovery keeps the upload's change time: nothing was done to it since the crash
     _t(A.RECOVERED, {K.READY}, {S.PARTIAL}, E(hidden=Hidden.SHOW, ctime=Stamp.KEEP),
        by_daemon=True),
-    _t(A.REPAIR, _ALL, {S.ERROR}, E(**_DONE, error=Reason.GIVEN, hidden=Hidden.SHOW),
+    _t(A.REPAIR, _ALL, {S.ERROR}, replace(_DONE, error=Reason.GIVEN, hidden=Hidden.SHOW),
        by_daemon=True),
 )
 
