@@ -6,6 +6,7 @@ import errno
 import fcntl
 import os
 from dataclasses import dataclass
+from typing import cast
 
 from spoolfs.blobs import BlobDir, StagingDir, hash_file
 from spoolfs.core.errors import NoSpace, NotPermitted, SpoolError, StoreFailure, TooLarge
@@ -159,7 +160,7 @@ class Content:
     def cleanup(self, items: list[tuple[str, object]]) -> None:
         for kind, what in items:
             if kind == "staging":
-                self.staging.remove(what)  # type: ignore[arg-type]
+                self.staging.remove(cast(int, what))
             else:
-                sha, bid = what  # type: ignore[misc]
+                sha, bid = cast(tuple[bytes, int], what)
                 self.blobs.remove(sha, bid)

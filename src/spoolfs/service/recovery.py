@@ -16,7 +16,7 @@ import time
 
 from spoolfs.core.rules import State
 from spoolfs.service.spool import Spool
-from spoolfs.store.base import WriteTx
+from spoolfs.store.base import Entry, WriteTx
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,11 @@ def recover(spool: Spool) -> dict[str, int]:
         if partial is None:
             continue
 
-        def fn(tx: WriteTx, e=e, partial=partial) -> None:  # type: ignore[no-untyped-def]
+        def fn(tx: WriteTx, e: Entry = e, partial: Entry = partial) -> None:
             name = e.name
             if tx.lookup(partial.id, name) is not None:
                 name = (name + b".recovered-%d" % e.id)[-255:]
+            assert e.parent is not None  # a message is always in a directory
             tx.move(e.id, e.parent, e.name, partial.id, name, state=State.PARTIAL, hidden=0)
             tx.add_history(e.id, time.time_ns(), "recovered", "ready (unclosed upload)",
                            "partial", None, os.getpid(), "upload never closed before a crash")

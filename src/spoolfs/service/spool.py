@@ -13,7 +13,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -37,6 +37,7 @@ from spoolfs.service.snapshots import Full, Snapshots, shown_to
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -97,7 +98,7 @@ class Spool:
         self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
         self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
 
-    async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
+    async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         return await self.committer.submit(fn, durable)
 
     # ---- reading the tree -----------------------------------------------------------------
@@ -212,12 +213,12 @@ class Spool:
                     tx.insert(parent=q.id, name=st.value.encode(), kind="state", queue=q.id,
                               state=st, **common)
                 log.info("queue %s created", ident)
-                return tx.get(q.id)  # type: ignore[return-value]
+                return tx.get(q.id)  # type: ignore[return-value]  # inserted above
             log.info("consumer view %s created", ident)
             return tx.insert(parent=parent, name=name, kind="consumer", queue=p.queue,
                              state=State.WORKING, **common)
 
-        return await self.tx(fn)  # type: ignore[no-any-return]
+        return await self.tx(fn)
 
     async def _mkdir_batch(self, p: Entry, name: bytes, mode: int, who: Who) -> Entry:
         """``mkdir partial/b1`` makes a batch (one message); inside it, a directory member."""
@@ -243,7 +244,7 @@ class Spool:
                                who.uid, who.pid, "a batch")
             return e
 
-        return await self.tx(fn, durable=False)  # type: ignore[no-any-return]
+        return await self.tx(fn, durable=False)
 
     async def _remove_in_batch(self, parent: int, e: Entry, who: Who) -> None:
         """``rm`` of a batch's file or directory (``rm -r`` takes a batch apart, then removes
@@ -490,7 +491,7 @@ class Spool:
             if ready is None:
                 raise NoSubscriber(f"queue {qname} fans out to {sub!r}, which does not exist")
             name = free_name(tx, ready.id, cur.name)
-            copy = tx.insert(parent=ready.id, name=name, kind="message", queue=sq.id,  # type: ignore[union-attr]
+            copy = tx.insert(parent=ready.id, name=name, kind="message", queue=ready.queue,
                              state=State.READY, blob=cur.blob, size=cur.size, mode=cur.mode,
                              uid=cur.uid, gid=cur.gid, mtime_ns=cur.mtime_ns, ctime_ns=now,
                              created_ns=now, enqueued_ns=now)
@@ -855,7 +856,9 @@ class Spool:
                            f"linked from message {cur.id}")
             if action in self.ARRIVALS and self._arrive(tx, e.id, now, who):
                 left.append(True)
-                return tx.get(e.id)
+                arrived = tx.get(e.id)
+                assert arrived is not None  # inserted in this transaction
+                return arrived
             return e
 
         e = await self.tx(fn, durable=action in rules.DURABLE)
@@ -864,7 +867,7 @@ class Spool:
         if left:
             self.on_gone(new_parent, new_name)
         self._link_counts_changed(e.blob)
-        return e  # type: ignore[no-any-return]
+        return e
 
     # ---- attributes -----------------------------------------------------------------------
 
