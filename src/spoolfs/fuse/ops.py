@@ -129,7 +129,8 @@ class Operations(pyfuse3.Operations):
 
     def _describe(self, op: str, args: Sequence[Any]) -> str:
         content = self._CONTENT_ARG.get(op)
-        shown = [f"<{len(a)} bytes>" if i == content and isinstance(a, bytes) else repr(a) for i, a in enumerate(args)
+        shown = [f"<{len(a)} bytes>" if i == content and isinstance(a, bytes) else repr(a)
+                 for i, a in enumerate(args)
                  if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
         return "(" + ", ".join(shown[:4]) + ")"
 

@@ -114,7 +114,7 @@ class Committer:
             results = [(False, StoreFailure(str(e)))] * len(batch)
         self.batches += 1
         self.requests += len(batch)
-        for req, (ok, value) in zip(batch, results):
+        for req, (ok, value) in zip(batch, results, strict=False):
             req.ok, req.value = ok, value
             req.done.set()
 

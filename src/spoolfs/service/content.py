@@ -150,12 +150,11 @@ class Content:
         ``cleanup`` after the commit, so a rollback loses nothing."""
         if entry.staged:
             cleanup.append(("staging", entry.id))
-        if entry.blob is not None:
-            if tx.blob_ref(entry.blob, -1) == 0:
-                blob = tx.blob(entry.blob)
-                tx.blob_delete(entry.blob)
-                if blob is not None and blob.data is None:
-                    cleanup.append(("blob", (blob.sha256, blob.id)))
+        if entry.blob is not None and tx.blob_ref(entry.blob, -1) == 0:
+            blob = tx.blob(entry.blob)
+            tx.blob_delete(entry.blob)
+            if blob is not None and blob.data is None:
+                cleanup.append(("blob", (blob.sha256, blob.id)))
 
     def cleanup(self, items: list[tuple[str, object]]) -> None:
         for kind, what in items:

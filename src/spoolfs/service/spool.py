@@ -21,8 +21,19 @@ from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core import lifecycle as L
 from spoolfs.core import rules
 from spoolfs.core.errors import (
-    Exists, Invalid, IsADirectory, NoAttribute, NoSpace, NoSubscriber, NotADirectory, NotEmpty,
-    NotFound, NotPermitted, NotSupported, SpoolError, StoreFailure,
+    Exists,
+    Invalid,
+    IsADirectory,
+    NoAttribute,
+    NoSpace,
+    NoSubscriber,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+    NotSupported,
+    SpoolError,
+    StoreFailure,
 )
 from spoolfs.core.names import NAME_MAX, check_ident, check_message_name, is_staging_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
@@ -74,7 +85,8 @@ def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
 
 
 class Spool:
-    def __init__(self, store: Store, store_dir: str, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, store: Store, store_dir: str,
+                 clock: Callable[[], int] = time.time_ns) -> None:
         self.store = store
         self.r: ReadTx = store.reader()
         self.store_dir = store_dir
@@ -476,7 +488,8 @@ class Spool:
         if policy.duplicates != "allow" and cur.blob is not None:
             orig = tx.published_with(cur.queue, cur.blob, now - policy.duplicates_window, cur.id)
             if orig is not None:
-                why = f"duplicate of message {orig.id} ({place(orig)}/{orig.name.decode(errors='replace')})"
+                shown = orig.name.decode(errors="replace")
+                why = f"duplicate of message {orig.id} ({place(orig)}/{shown})"
                 if policy.duplicates == "reject":
                     raise Exists(f"queue {qname}: {why}")
                 self._to_success(tx, cur, now, who, Action.DUPLICATE, why, duplicate_of=orig.id)
@@ -998,7 +1011,8 @@ class Spool:
         for at_ns, action, src, dst, uid, pid, reason in self.r.history(entry_id):
             when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at_ns / 1e9))
             by = f"uid={uid} pid={pid}" if uid is not None else "by spoolfs"
-            line = f"{when}.{at_ns // 1_000_000 % 1000:03d}Z {action} {src or '-'} -> {dst or '-'} {by}"
+            line = (f"{when}.{at_ns // 1_000_000 % 1000:03d}Z {action} "
+                    f"{src or '-'} -> {dst or '-'} {by}")
             lines.append(line + (f" ({reason})" if reason else "") + "\n")
         return "".join(lines)
 
@@ -1030,8 +1044,9 @@ class Spool:
 
         await self.tx(fn)
         self.policies.refresh()
-        log.info("queue %s: policy %s", e.name.decode(errors="replace"),
-                 ", ".join(f"{k}={v if v is not None else '(default)'}" for k, v in changes.items()))
+        shown = ", ".join(f"{k}={v if v is not None else '(default)'}"
+                          for k, v in changes.items())
+        log.info("queue %s: policy %s", e.name.decode(errors="replace"), shown)
 
     async def removexattr(self, e: Entry, name: bytes, who: Who) -> None:
         if not name.startswith(b"user."):

@@ -98,7 +98,8 @@ class SqliteRead(ReadTx):
 
     def history(self, entry_id: int) -> list[tuple[Any, ...]]:
         return self.conn.execute(
-            "SELECT at_ns, action, src, dst, uid, pid, reason FROM history WHERE entry=? ORDER BY id",
+            "SELECT at_ns, action, src, dst, uid, pid, reason FROM history WHERE entry=? "
+            "ORDER BY id",
             (entry_id,)).fetchall()
 
     def due_leases(self, now_ns: int, limit: int) -> list[Entry]:
@@ -277,7 +278,8 @@ class SqliteWrite(SqliteRead, WriteTx):
                     reason: str | None) -> None:
         self.conn.execute(
             "INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (entry_id, at_ns, action, src, dst, uid, pid, reason))
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (entry_id, at_ns, action, src, dst, uid, pid, reason))
 
 
 class SqliteStore(Store):
