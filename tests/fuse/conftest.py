@@ -2,7 +2,7 @@
 
 The handlers run on a real store in ``tmp_path`` with the committer in a trio nursery, as in
 tests/service; the pyfuse3 calls that need a mounted session (notifications, readdir replies)
-are replaced by recorders (fakekernel.py). Every test ends with a clean fsck.
+are replaced by recorders (helpers/kernel.py). Every test ends with a clean fsck.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pyfuse3
 import pytest
 import trio
 
-from fakekernel import Fs, Kernel, Listing
+from helpers.kernel import Fs, Kernel, Listing
 from spoolfs.fuse import ops as ops_module
 from spoolfs.fuse.ops import Operations
 from spoolfs.service.fsck import Fsck

@@ -11,7 +11,7 @@ import os
 import pyfuse3
 import pytest
 
-from fakekernel import Ctx, Fs
+from helpers.kernel import Ctx, Fs
 from spoolfs.core import errors
 from spoolfs.core.rules import State
 from spoolfs.fuse import ops as ops_module
