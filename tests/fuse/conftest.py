@@ -12,14 +12,11 @@ from pathlib import Path
 
 import pyfuse3
 import pytest
-import trio
 
 from helpers.kernel import Fs, Kernel, Listing
+from helpers.spool import running
 from spoolfs.fuse import ops as ops_module
 from spoolfs.fuse.ops import Operations
-from spoolfs.service.fsck import Fsck
-from spoolfs.service.spool import Spool
-from spoolfs.store.sqlite import open_store
 
 
 @pytest.fixture
@@ -34,13 +31,7 @@ async def fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[F
     # Whether the opener still holds the file is read from /proc; here no other descriptor
     # exists, and this process's own descriptors could share a small inode number by chance.
     monkeypatch.setattr(ops_module, "_holds", lambda pid, ino: False)
-    store = open_store(str(tmp_path))
-    spool = Spool(store, str(tmp_path))
-    async with trio.open_nursery() as n:
-        await n.start(spool.committer.run)
+    async with running(tmp_path) as spool:
         f = Fs(Operations(spool), spool, kernel, listing)
         await f.make_queue()
         yield f
-        spool.committer.close()
-    store.close()
-    assert Fsck(str(tmp_path)).run() == [], "fsck is not clean at the end of the test"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections.abc import Awaitable
 
 import pyfuse3
 import pytest
@@ -28,9 +29,9 @@ def _spool_errors() -> list[type[errors.SpoolError]]:
     return sorted(found, key=lambda c: c.__name__)
 
 
-async def _errno_of(call: object) -> int:
+async def _errno_of(call: Awaitable[object]) -> int:
     with pytest.raises(pyfuse3.FUSEError) as caught:
-        await call  # type: ignore[misc]
+        await call
     return caught.value.errno
 
 
