@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from helpers.procs import (
-    _EXIT_STATUS,
     describe_status,
     exit_status,
     ok,
@@ -88,7 +87,6 @@ class Mount:
 
     def _adopt(self, pid: int) -> None:
         self._pid = pid
-        _EXIT_STATUS.pop(pid, None)
         watch_daemon(pid)
 
     def log_size(self) -> int:

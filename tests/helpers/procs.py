@@ -33,8 +33,11 @@ def watch_daemon(pid: int) -> None:
     """Reap ``pid`` as soon as it exits, as init would (we are its subreaper).
 
     Without this a dead daemon stays a zombie of the test process, and a ``spoolfs umount`` that
-    waits for the pid to vanish would wait for us while we wait for it.
+    waits for the pid to vanish would wait for us while we wait for it. A status remembered
+    for an earlier process of the same pid is forgotten.
     """
+    _EXIT_STATUS.pop(pid, None)
+
     def reap() -> None:
         try:
             _, status = os.waitpid(pid, 0)
