@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, MountFactory, Procs, Queue, become_subreaper, fuse_problems
+from helpers.mounts import Mount, MountFactory, fuse_problems
+from helpers.procs import Procs, become_subreaper
+from helpers.queues import Queue
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,

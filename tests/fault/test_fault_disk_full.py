@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    MountFactory, Queue, expect_errno, fails, ls, mounted, ok, one_line_error, read, spoolfs_cli,
-    wait_until, xattr_text,
-)
+from helpers.inspection import expect_errno, ls, read, xattr_text
+from helpers.mounts import MountFactory, mounted
+from helpers.procs import fails, ok, one_line_error, spoolfs_cli
+from helpers.queues import Queue
+from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.fuse
 

@@ -14,16 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    Mount,
-    MountFactory,
-    Queue,
-    consumed_names,
-    ok,
-    patience,
-    spoolfs_cli,
-    wait_until,
-)
+from helpers.mounts import Mount, MountFactory
+from helpers.procs import consumed_names, ok, spoolfs_cli
+from helpers.queues import Queue
+from helpers.waiting import patience, wait_until
 
 pytestmark = pytest.mark.fuse
 

@@ -19,7 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, Queue, ls, ok, read, run, wait_until, xattr_text
+from helpers.inspection import ls, read, xattr_text
+from helpers.mounts import Mount
+from helpers.procs import ok, run
+from helpers.queues import Queue
+from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.fuse
 

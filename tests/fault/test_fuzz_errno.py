@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import Mount
+from helpers.mounts import Mount
 
 pytestmark = pytest.mark.fuse
 

@@ -24,7 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, Queue, spoolfs_cli, wait_until
+from helpers.mounts import Mount
+from helpers.procs import spoolfs_cli
+from helpers.queues import Queue
+from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.fuse
 

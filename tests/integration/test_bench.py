@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from helpers import spoolfs_cli
+from helpers.procs import spoolfs_cli
 
 pytestmark = pytest.mark.fuse
 

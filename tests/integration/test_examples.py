@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import patience
+from helpers.waiting import patience
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "mount-examples"

@@ -13,18 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    Mount,
-    MountFactory,
-    Queue,
-    ls,
-    one_line_error,
-    patience,
-    read,
-    spoolfs_cli,
-    wait_until,
-    xattr_text,
-)
+from helpers.inspection import ls, read, xattr_text
+from helpers.mounts import Mount, MountFactory
+from helpers.procs import one_line_error, spoolfs_cli
+from helpers.queues import Queue
+from helpers.waiting import patience, wait_until
 
 pytestmark = pytest.mark.fuse
 

@@ -28,27 +28,21 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    Mount,
-    MountFactory,
+from helpers.inspection import blob_files, ls, read, snapshot, xattr_text
+from helpers.mounts import Mount, MountFactory
+from helpers.procs import (
     Procs,
-    Queue,
-    blob_files,
     cli,
     fails,
     finish_claimers,
-    ls,
     ok,
-    patience,
-    read,
     run,
-    snapshot,
     spoolfs_cli,
     start_claimers,
     wait_open,
-    wait_until,
-    xattr_text,
 )
+from helpers.queues import Queue
+from helpers.waiting import patience, wait_until
 
 pytestmark = pytest.mark.fuse
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Queue, finish_claimers, ls, make_content, ok, start_claimers
+from helpers.inspection import ls
+from helpers.procs import finish_claimers, ok, start_claimers
+from helpers.queues import Queue, make_content
 
 pytestmark = pytest.mark.fuse
 

@@ -11,22 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    Mount,
-    Queue,
-    describe_status,
-    exit_status,
-    ls,
-    mounted,
-    one_line_error,
-    patience,
-    process_exited,
-    read,
-    spoolfs_cli,
-    visible,
-    wait_foreground_mount,
-    wait_until,
-)
+from helpers.inspection import ls, read, visible
+from helpers.mounts import Mount, mounted, wait_foreground_mount
+from helpers.procs import describe_status, exit_status, one_line_error, process_exited, spoolfs_cli
+from helpers.queues import Queue
+from helpers.waiting import patience, wait_until
 
 pytestmark = pytest.mark.fuse
 

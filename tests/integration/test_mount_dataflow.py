@@ -27,28 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    Mount,
-    MountFactory,
-    Queue,
-    consumed_names,
-    expect_errno,
-    fails,
-    ls,
-    make_content,
-    ok,
-    one_line_error,
-    patience,
-    read,
-    run,
-    setxattr,
-    sha256,
-    snapshot,
-    spoolfs_cli,
-    stretched,
-    wait_until,
-    xattr_text,
-)
+from helpers.inspection import expect_errno, ls, read, setxattr, sha256, snapshot, xattr_text
+from helpers.mounts import Mount, MountFactory
+from helpers.procs import consumed_names, fails, ok, one_line_error, run, spoolfs_cli
+from helpers.queues import Queue, make_content
+from helpers.waiting import patience, stretched, wait_until
 
 pytestmark = pytest.mark.fuse
 

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import STATES, Mount, Queue, ls, make_content, ok, read, sha256, visible, xattr_text
+from helpers.inspection import ls, read, sha256, visible, xattr_text
+from helpers.mounts import Mount
+from helpers.procs import ok
+from helpers.queues import STATES, Queue, make_content
 
 pytestmark = pytest.mark.fuse
 

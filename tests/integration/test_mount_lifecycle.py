@@ -19,30 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    Mount,
-    MountFactory,
+from helpers.inspection import blob_files, listxattr, ls, read, setxattr, xattr_text
+from helpers.mounts import Mount, MountFactory
+from helpers.procs import (
     Procs,
-    Queue,
-    blob_files,
     cli,
     fails,
     finish_claimers,
-    listxattr,
-    ls,
-    make_content,
     ok,
     one_line_error,
-    patience,
-    read,
-    setxattr,
     spoolfs_cli,
     start_claimers,
-    stretched,
     wait_open,
-    wait_until,
-    xattr_text,
 )
+from helpers.queues import Queue, make_content
+from helpers.waiting import patience, stretched, wait_until
 
 pytestmark = pytest.mark.fuse
 

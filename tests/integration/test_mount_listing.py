@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Queue, ok, patience
+from helpers.procs import ok
+from helpers.queues import Queue
+from helpers.waiting import patience
 
 pytestmark = pytest.mark.fuse
 

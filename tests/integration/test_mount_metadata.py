@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Queue, expect_errno, ls, ok, read, renameat2
+from helpers.inspection import expect_errno, ls, read, renameat2
+from helpers.procs import ok
+from helpers.queues import Queue
 
 pytestmark = pytest.mark.fuse
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, Queue, ok
+from helpers.mounts import Mount
+from helpers.procs import ok
+from helpers.queues import Queue
 
 pytestmark = pytest.mark.fuse
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MountFactory, fails, ls, ok, read
+from helpers.inspection import ls, read
+from helpers.mounts import MountFactory
+from helpers.procs import fails, ok
 
 pytestmark = pytest.mark.fuse
 

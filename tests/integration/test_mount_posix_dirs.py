@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, MountFactory, Queue, fails, ls, ok, read, wait_until
+from helpers.inspection import ls, read
+from helpers.mounts import Mount, MountFactory
+from helpers.procs import fails, ok
+from helpers.queues import Queue
+from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.fuse
 

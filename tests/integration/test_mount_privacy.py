@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, MountFactory, Queue, make_content, mounted, one_line_error, ok, \
-    spoolfs_cli, wait_until
+from helpers.mounts import Mount, MountFactory, mounted
+from helpers.procs import ok, one_line_error, spoolfs_cli
+from helpers.queues import Queue, make_content
+from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.fuse
 

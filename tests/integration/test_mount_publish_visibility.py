@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Queue, fails, ls, make_content, ok, patience, read, wait_until
+from helpers.inspection import ls, read
+from helpers.procs import fails, ok
+from helpers.queues import Queue, make_content
+from helpers.waiting import patience, wait_until
 
 pytestmark = pytest.mark.fuse
 

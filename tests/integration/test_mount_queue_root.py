@@ -8,18 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    STATES,
-    MountFactory,
-    Queue,
-    expect_errno,
-    fails,
-    ls,
-    make_content,
-    ok,
-    read,
-    visible,
-)
+from helpers.inspection import expect_errno, ls, read, visible
+from helpers.mounts import MountFactory
+from helpers.procs import fails, ok
+from helpers.queues import STATES, Queue, make_content
 
 pytestmark = pytest.mark.fuse
 

@@ -16,22 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
+from helpers.inspection import (
     RENAME_EXCHANGE,
     RENAME_NOREPLACE,
     RENAME_WHITEOUT,
-    STATES,
-    Mount,
-    Queue,
     expect_errno,
-    fails,
     fallocate,
     ls,
-    ok,
     read,
     renameat2,
     snapshot,
 )
+from helpers.mounts import Mount
+from helpers.procs import fails, ok
+from helpers.queues import STATES, Queue
 
 pytestmark = pytest.mark.fuse
 

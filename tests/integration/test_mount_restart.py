@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Mount, Queue, ls, ok, setxattr, snapshot, xattr_text
+from helpers.inspection import ls, setxattr, snapshot, xattr_text
+from helpers.mounts import Mount
+from helpers.procs import ok
+from helpers.queues import Queue
 
 pytestmark = pytest.mark.fuse
 

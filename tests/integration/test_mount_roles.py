@@ -11,66 +11,29 @@ supplementary groups count.
 
 from __future__ import annotations
 
-import fcntl
 import grp
 import os
 import pwd
 import stat
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import MountFactory, fails, ls, ok, read
+from helpers.inspection import ls, read
+from helpers.mounts import MountFactory
+from helpers.procs import fails, ok
+from helpers.users import (
+    AS_CONSUMER,
+    AS_CONSUMER_ALONE,
+    AS_PRODUCER,
+    CONSUMER,
+    CONSUMERS,
+    DENIED,
+    PRODUCER,
+    PRODUCERS,
+)
 
 pytestmark = pytest.mark.fuse
-
-PRODUCER, CONSUMER = "spoolprod", "spoolcons"
-PRODUCERS, CONSUMERS = "spoolproducers", "spoolconsumers"
-#: users and groups made for these tests: (name, primary group, supplementary groups)
-USERS = [(PRODUCER, PRODUCERS, ""), (CONSUMER, CONSUMER, CONSUMERS)]
-GROUPS = [PRODUCERS, CONSUMERS, CONSUMER]
-LOCK = "/tmp/spoolfs-test-roles-users.lock"
-
-AS_PRODUCER = ["setpriv", f"--reuid={PRODUCER}", f"--regid={PRODUCERS}", "--init-groups"]
-AS_CONSUMER = ["setpriv", f"--reuid={CONSUMER}", f"--regid={CONSUMER}", "--init-groups"]
-#: the consumer without its supplementary groups
-AS_CONSUMER_ALONE = ["setpriv", f"--reuid={CONSUMER}", f"--regid={CONSUMER}", "--clear-groups"]
-DENIED = "Permission denied"
-
-
-def _exists(db: str, name: str) -> bool:
-    return subprocess.run(["getent", db, name], capture_output=True).returncode == 0
-
-
-@pytest.fixture(scope="module")
-def users() -> Iterator[None]:
-    """Create the users and groups (idempotent); remove them at the end, unless another test
-    run still uses them (each holds a shared lock while it runs)."""
-    with open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for g in GROUPS:
-            if not _exists("group", g):
-                ok("groupadd", "--system", g)
-        for name, primary, extra in USERS:
-            if not _exists("passwd", name):
-                ok("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                   "-g", primary, *(["-G", extra] if extra else []), name)
-            ok("usermod", "-g", primary, "-G", extra, name)
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return  # another test run still uses them: it removes them
-            for name, _, _ in USERS:
-                subprocess.run(["userdel", name], capture_output=True)
-            for g in GROUPS:
-                subprocess.run(["groupdel", g], capture_output=True)
-
 
 def source(open_dir: Path, name: str) -> Path:
     """A file every user can read, for cp into the mount."""

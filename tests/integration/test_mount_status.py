@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import Mount, MountFactory, Queue, fails, ok, spoolfs_cli, stretched, wait_until
+from helpers.mounts import Mount, MountFactory
+from helpers.procs import fails, ok, spoolfs_cli
+from helpers.queues import Queue
+from helpers.waiting import stretched, wait_until
 
 pytestmark = pytest.mark.fuse
 

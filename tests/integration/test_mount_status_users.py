@@ -10,14 +10,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import MountFactory, ok
-from test_mount_roles import (
-    AS_CONSUMER, AS_CONSUMER_ALONE, AS_PRODUCER, CONSUMERS, PRODUCER, users,
-)
+from helpers.mounts import MountFactory
+from helpers.procs import ok
+from helpers.users import AS_CONSUMER, AS_CONSUMER_ALONE, AS_PRODUCER, CONSUMERS, PRODUCER
 
 pytestmark = pytest.mark.fuse
-
-__all__ = ["users"]  # the fixture, shared with the roles tests
 
 
 def shown(argv: list[str], mnt: Path) -> tuple[list[str], set[str]]:

@@ -9,19 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    Mount,
-    Queue,
-    expect_errno,
-    fails,
-    listxattr,
-    ls,
-    ok,
-    read,
-    setxattr,
-    sha256,
-    xattr_text,
-)
+from helpers.inspection import expect_errno, listxattr, ls, read, setxattr, sha256, xattr_text
+from helpers.mounts import Mount
+from helpers.procs import fails, ok
+from helpers.queues import Queue
 
 pytestmark = pytest.mark.fuse
 

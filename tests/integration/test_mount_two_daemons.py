@@ -14,18 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    MountFactory,
-    Queue,
-    fails,
-    finish_claimers,
-    ls,
-    ok,
-    patience,
-    read,
-    start_claimers,
-    wait_until,
-)
+from helpers.inspection import ls, read
+from helpers.mounts import MountFactory
+from helpers.procs import fails, finish_claimers, ok, start_claimers
+from helpers.queues import Queue
+from helpers.waiting import patience, wait_until
 
 pytestmark = pytest.mark.fuse
 

@@ -29,18 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
-    Mount,
-    MountFactory,
-    STATES,
-    mounted,
-    one_line_error,
-    patience,
-    process_exited,
-    stop_foreground,
-    wait_foreground_mount,
-    wait_until,
-)
+from helpers.mounts import Mount, MountFactory, mounted, stop_foreground, wait_foreground_mount
+from helpers.procs import one_line_error, process_exited
+from helpers.queues import STATES
+from helpers.waiting import patience, wait_until
 
 pytestmark = pytest.mark.fuse
 

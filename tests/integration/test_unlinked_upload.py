@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from helpers import Queue, ls
+from helpers.inspection import ls
+from helpers.queues import Queue
 
 pytestmark = pytest.mark.fuse
 

@@ -1,19 +1,31 @@
-"""Every service test checks that each history row it writes comes from a row of the
+"""Fixtures of the service tests: a spool on a store in ``tmp_path`` with a queue ``q``.
+
+Every service test also checks that each history row it writes comes from a row of the
 transition table, written through the one helper that applies it (``service/moves.py``): a
 mover that spelled its own field changes would write its history elsewhere."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.spool import WHO, Q, running
 from spoolfs.core import transitions
 from spoolfs.core.rules import Action, State
 from spoolfs.service import moves
+from spoolfs.service.spool import Spool
 from spoolfs.store.base import WriteTx
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
+    async with running(tmp_path) as spool:
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        yield spool, Q(spool, qe.id)
 
 
 def _engines() -> list[type[WriteTx]]:

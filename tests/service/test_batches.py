@@ -6,12 +6,11 @@ import os
 
 import pytest
 
+from helpers.spool import WHO, Q, content
 from spoolfs.core.errors import Exists, NotEmpty, NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.spool import Spool
-
-from test_spool import WHO, Q, content, env  # noqa: F401  (env is the fixture)
 
 BIG = os.urandom(INLINE_MAX + 100)
 

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.spool import WHO, Q, content, running, upload
 from spoolfs.core.errors import Exists, Invalid, NoSubscriber
 from spoolfs.core.rules import State
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.spool import Spool
 from spoolfs.store.sqlite import open_store
-
-from test_spool import WHO, Q, content, running, upload
 
 
 class Env:

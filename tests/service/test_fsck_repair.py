@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.spool import WHO, Q, content, running, upload
 from spoolfs.cli import main as cli
 from spoolfs.core.rules import State
 from spoolfs.service import fsck as fsck_mod
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.spool import Spool
-
-from test_spool import WHO, Q, content, running, upload
 
 BIG = INLINE_MAX * 2 + 123
 EMPTY = hashlib.sha256(b"").digest()

@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 import trio
 
+from helpers.spool import WHO, running, upload
+from helpers.spool import content as read
+from helpers.waiting import patience
 from spoolfs.core.rules import State
 from spoolfs.service import gc
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.spool import Spool
-
-from helpers import patience
-from test_spool import WHO, running, upload
-from test_spool import content as read
 
 BIG = INLINE_MAX + 1000
 LATER = 3600 * gc.NS  # an hour on: every file made by the test is past the grace period

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 
+from helpers.spool import Q
 from spoolfs.core import policy as P
 from spoolfs.core.errors import Invalid, NoAttribute, NotFound, SpoolError
 from spoolfs.core.policy import NS
@@ -23,8 +24,6 @@ from spoolfs.service.lifecycle import Lifecycle
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Entry
 from spoolfs.store.sqlite import open_store
-
-from test_spool import Q
 
 WHO = Who(0, 0, 1)
 T0 = 1_700_000_000 * NS

@@ -2,68 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
 
+from helpers.spool import WHO, Q, content, upload  # noqa: E402
 from spoolfs.core.errors import Exists, NotFound, NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.recovery import recover
-from spoolfs.service.spool import RENAME_NOREPLACE, Spool, Who
+from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.sqlite import open_store
-
-WHO = Who(0, 0, 1)
-
-
-class Q:
-    def __init__(self, spool: Spool, qid: int) -> None:
-        self.spool, self.id = spool, qid
-        self.dirs = {st: spool.lookup(qid, st.value.encode()).id for st in State}
-
-    def __getitem__(self, st: State) -> int:
-        return self.dirs[st]
-
-
-@contextlib.asynccontextmanager
-async def running(tmp_path: Path) -> AsyncIterator[Spool]:
-    """A spool on a store in ``tmp_path`` with its committer running; fsck must be clean
-    once it is closed."""
-    store = open_store(str(tmp_path))
-    spool = Spool(store, str(tmp_path))
-    async with trio.open_nursery() as n:
-        await n.start(spool.committer.run)
-        yield spool
-        spool.committer.close()
-    store.close()
-    assert Fsck(str(tmp_path)).run() == [], "fsck is not clean at the end of the test"
-
-
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
-    async with running(tmp_path) as spool:
-        qe = await spool.mkdir(1, b"q", 0o755, WHO)
-        yield spool, Q(spool, qe.id)
-
-
-async def upload(spool: Spool, d: int, name: bytes, data: bytes) -> int:
-    e, h = await spool.create(d, name, 0o644, WHO)
-    spool.write(h, 0, data)
-    await spool.close(h, WHO)
-    return e.id
-
-
-def content(spool: Spool, entry_id: int) -> bytes:
-    h = spool.content.open(spool.r, spool.get(entry_id), False)
-    try:
-        return h.read(0, 1 << 30)
-    finally:
-        h.close()
 
 
 @pytest.mark.parametrize("size", [10, INLINE_MAX + 1])

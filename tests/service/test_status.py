@@ -13,13 +13,12 @@ import pytest
 import trio
 import trio.testing
 
+from helpers.spool import WHO, Q, running, upload
 from spoolfs.core.rules import State
 from spoolfs.service import status
 from spoolfs.service.roles import Caller
 from spoolfs.service.spool import Spool
 from spoolfs.store.base import WriteTx
-
-from test_spool import WHO, Q, running, upload
 
 DEEP = 100_000
 DEADLINE_S = 60.0  # only ever reached when something is wrong

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.spool import WHO, Q, content
 from spoolfs.core.rules import State
 from spoolfs.service.spool import Spool
-
-from test_spool import WHO, Q, content, env  # noqa: F401  (env is the fixture)
 
 KILLED = "was killed by SIGKILL"
 

@@ -8,7 +8,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from helpers import wait_until
+from helpers.waiting import wait_until
 from spoolfs.fuse import procinfo
 
 

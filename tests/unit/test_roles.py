@@ -13,7 +13,16 @@ import pytest
 from spoolfs.core.errors import AccessDenied, NotPermitted
 from spoolfs.daemon import fuse_options
 from spoolfs.service.roles import (
-    READ, SEARCH, STRICT_ROLES, WRITE, Caller, Gate, allowed, inherit, may_change, may_remove,
+    READ,
+    SEARCH,
+    STRICT_ROLES,
+    WRITE,
+    Caller,
+    Gate,
+    allowed,
+    inherit,
+    may_change,
+    may_remove,
     proc_groups,
 )
 

@@ -203,7 +203,8 @@ def small_cycle(q: Queue, n: int, fsync: bool) -> Round:
             t5 = clock()
             if got != data:
                 raise BenchError(f"{work}/{name}: read {len(got)} bytes, not what was written")
-            for step, (a, b) in zip(STEPS, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))):
+            for step, (a, b) in zip(STEPS, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5)),
+                                      strict=True):
                 spent[step] += b - a
         elapsed = clock() - start
     return Round(n / elapsed, {"steps_us": {s: round(t / n * 1e6, 1) for s, t in spent.items()}})
@@ -474,7 +475,8 @@ def render(report: dict[str, Any]) -> str:
     if "claims" in res:
         c = res["claims"]
         rows.append("\nclaims: every consumer tries every file in the same order; wins per "
-                    f"consumer, by round: plain {c['wins']['plain']}, spoolfs {c['wins']['spoolfs']}"
+                    f"consumer, by round: plain {c['wins']['plain']}, "
+                    f"spoolfs {c['wins']['spoolfs']}"
                     "; every file claimed exactly once: "
                     + ("yes" if c["verified"] else "NO: " + "; ".join(c["problems"])))
     fs = report["filesystem"]
@@ -532,7 +534,8 @@ def run(argv: list[str]) -> int:
 
 
 def bench(args: argparse.Namespace, base: str) -> int:
-    store, mnt, plain, log = (os.path.join(base, n) for n in ("store", "mnt", "plain", "daemon.log"))
+    store, mnt, plain, log = (os.path.join(base, n)
+                              for n in ("store", "mnt", "plain", "daemon.log"))
     for d in (store, mnt, plain):
         os.mkdir(d)
     check_space(base, args)

@@ -11,6 +11,8 @@ import logging.handlers
 import os
 import stat
 import sys
+from io import TextIOWrapper
+from typing import cast
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -31,7 +33,7 @@ class PrivateFileHandler(logging.FileHandler):
     history in prose. A new file is made 0600; an existing one loses any permission for others
     (an admin's 0640 for a log-reading group stays)."""
 
-    def _open(self):  # type: ignore[no-untyped-def]
+    def _open(self) -> TextIOWrapper:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                      0o600)
         try:
@@ -40,7 +42,9 @@ class PrivateFileHandler(logging.FileHandler):
                 os.fchmod(fd, stat.S_IMODE(mode) & ~0o007)
         except OSError:
             pass  # not ours to change (a shared log of another user): write to it as it is
-        return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
+        # the handler's mode is text ('a'): open() returns a TextIOWrapper
+        return cast(TextIOWrapper, open(fd, self.mode, encoding=self.encoding,
+                                        errors=self.errors))
 
 
 def stderr_is_journal() -> bool:

@@ -11,9 +11,14 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+from typing import TYPE_CHECKING
 
 from spoolfs.core import policy as P
 from spoolfs.core.errors import Invalid, UserError
+
+if TYPE_CHECKING:
+    from spoolfs.store.base import WriteTx
+    from spoolfs.store.sqlite import SqliteStore
 
 XATTR = "user.spool.policy"
 
@@ -100,7 +105,7 @@ def _show_on_mount(path: str) -> str:
         raise _not_a_queue(path, e) from None
 
 
-def _open(store_dir: str):  # type: ignore[no-untyped-def]
+def _open(store_dir: str) -> SqliteStore:
     from spoolfs.store.sqlite import open_store
 
     if not os.path.exists(os.path.join(store_dir, "meta.db")):
@@ -108,7 +113,7 @@ def _open(store_dir: str):  # type: ignore[no-untyped-def]
     return open_store(store_dir)
 
 
-def _queue_id(store, name: str) -> int:  # type: ignore[no-untyped-def]
+def _queue_id(store: SqliteStore, name: str) -> int:
     e = store.reader().lookup(1, name.encode())
     if e is None or e.kind != "queue":
         raise UserError(f"no queue {name!r} in the store")
@@ -122,7 +127,7 @@ def _set_in_store(store_dir: str, name: str, values: dict[str, str]) -> str:
     try:
         qid = _queue_id(store, name)
 
-        def fn(tx):  # type: ignore[no-untyped-def]
+        def fn(tx: WriteTx) -> None:
             check_fanout(tx, qid, dict(values))
             tx.set_policy(qid, dict(values))
 
@@ -142,6 +147,6 @@ def _show_in_store(store_dir: str, name: str) -> str:
         store.close()
 
 
-def _shown(store, qid: int) -> str:  # type: ignore[no-untyped-def]
+def _shown(store: SqliteStore, qid: int) -> str:
     stored = store.reader().policies().get(qid, {})
     return P.format_lines(P.DEFAULT.with_values(stored).shown())

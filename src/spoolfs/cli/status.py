@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from spoolfs.core.errors import UserError
 from spoolfs.runtime import default_store
@@ -41,7 +41,7 @@ def load(path: str) -> dict[str, Any]:
     virtual = os.path.join(path, ".spool", "status")
     if os.path.exists(virtual):
         with open(virtual, "rb") as f:
-            return json.loads(f.read())  # type: ignore[no-any-return]
+            return cast(dict[str, Any], json.loads(f.read()))
     if os.path.exists(os.path.join(path, "meta.db")):
         from spoolfs.service.policies import Policies
         from spoolfs.service.status import snapshot

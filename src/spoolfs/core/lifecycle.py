@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spoolfs.core.policy import NS, Policy
+from spoolfs.core.policy import NS as NS  # re-exported: the lifecycle's time unit
+from spoolfs.core.policy import Policy
 
 LEASE_EXPIRED = b"lease expired"
 

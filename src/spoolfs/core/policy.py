@@ -84,11 +84,14 @@ HELP = {
     "duplicates": "a publish of content already published within the window: allow, "
                   "reject (EEXIST) or skip (straight to success/)",
     "duplicates_window": "how far back duplicates are looked for (duration)",
-    "max_age.partial": "status --check: the oldest upload in partial/ may be this old (duration or none)",
-    "max_age.ready": "status --check: the oldest claimable message may wait this long (duration or none)",
+    "max_age.partial": "status --check: the oldest upload in partial/ may be this old "
+                       "(duration or none)",
+    "max_age.ready": "status --check: the oldest claimable message may wait this long "
+                     "(duration or none)",
     "max_age.working": "status --check: the oldest claim may be this old (duration or none)",
     "max_error": "status --check: at most this many messages in error/ (number or none)",
-    "max_working_per_consumer": "status --check: at most this many claims per consumer view (number or none)",
+    "max_working_per_consumer": "status --check: at most this many claims per consumer view "
+                                "(number or none)",
     "min_free": "below this free space uploads and publishes get ENOSPC: auto (5% or 1G, whichever "
                 "is less), a size (500M, 2G) or a share (10%)",
 }

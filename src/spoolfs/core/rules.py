@@ -158,7 +158,8 @@ def decide_rename(src: Kind, dst: Kind, scope: Scope) -> Action:
     """What renaming a message from ``src`` to ``dst`` means, or NotPermitted."""
     action = RENAMES.get((src, dst), {}).get(scope)
     if action is None:
-        raise NotPermitted(f"rename {src.value} -> {dst.value} ({scope.value}) is not a queue transition")
+        raise NotPermitted(f"rename {src.value} -> {dst.value} ({scope.value}) "
+                           "is not a queue transition")
     return action
 
 
@@ -215,7 +216,8 @@ def decide_mkdir(parent: DirKind, parent_state: State | None) -> DirKind:
         return DirKind.QUEUE
     if parent is DirKind.STATE and parent_state is State.WORKING:
         return DirKind.CONSUMER
-    raise NotPermitted("directories are only made at the root (a queue) or in working/ (a consumer)")
+    raise NotPermitted("directories are only made at the root (a queue) "
+                       "or in working/ (a consumer)")
 
 
 def decide_dir_rename(kind: DirKind, same_parent: bool) -> None:

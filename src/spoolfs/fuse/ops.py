@@ -13,7 +13,7 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pyfuse3
 import trio
@@ -72,7 +72,7 @@ def _guard(fn: F) -> F:
             log.exception("internal error in %s%s", fn.__name__, self._describe(fn.__name__, args))
             raise pyfuse3.FUSEError(errno.EIO) from None
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 class Operations(pyfuse3.Operations):
@@ -85,7 +85,7 @@ class Operations(pyfuse3.Operations):
         self.root_id = root_id
         self.roles = roles  # -o strict_roles: the daemon checks the modes too, root included
         self._handles: dict[int, Handle] = {}
-        self._dirs: dict[int, list[tuple[bytes, Entry]]] = {}
+        self._dirs: dict[int, list[tuple[bytes, Entry | int]]] = {}  # int: MOUNT/.spool/
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
@@ -129,7 +129,8 @@ class Operations(pyfuse3.Operations):
 
     def _describe(self, op: str, args: Sequence[Any]) -> str:
         content = self._CONTENT_ARG.get(op)
-        shown = [f"<{len(a)} bytes>" if i == content else repr(a) for i, a in enumerate(args)
+        shown = [f"<{len(a)} bytes>" if i == content and isinstance(a, bytes) else repr(a)
+                 for i, a in enumerate(args)
                  if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
         return "(" + ", ".join(shown[:4]) + ")"
 
@@ -258,12 +259,12 @@ class Operations(pyfuse3.Operations):
         if inode == virtual.DIR:
             fh = self._next_fh
             self._next_fh += 1
-            self._dirs[fh] = [(name, ino) for name, ino in virtual.FILES.items()]  # type: ignore[misc]
+            self._dirs[fh] = [(name, ino) for name, ino in virtual.FILES.items()]
             return fh
         sid = self._sid(inode)
         await self.spool.settle(sid)
         # One snapshot per opendir: stable cookies, and one query for the whole listing.
-        entries = [(e.name, e) for e in self.spool.listdir(sid)]
+        entries: list[tuple[bytes, Entry | int]] = [(e.name, e) for e in self.spool.listdir(sid)]
         fh = self._next_fh
         self._next_fh += 1
         self._dirs[fh] = entries

@@ -10,7 +10,7 @@ only while the batch is in ``partial/``; its files are sealed into blobs when it
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from spoolfs.core.errors import IsADirectory, NotADirectory, NotEmpty, NotPermitted
 from spoolfs.core.rules import State
@@ -75,7 +75,8 @@ def copy_tree(tx: WriteTx, src: Entry, new_root: Entry, now: int) -> None:
                 todo.append((c.id, copy.id))
 
 
-def delete_tree(tx: WriteTx, root: Entry, release) -> None:  # type: ignore[no-untyped-def]
+def delete_tree(tx: WriteTx, root: Entry,
+                release: Callable[[WriteTx, Entry], None]) -> None:
     """Delete a batch's members, children first; ``release(tx, entry)`` drops each one's
     content. The caller deletes the root."""
     members = list(walk(tx, root))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import trio
 
@@ -62,7 +62,7 @@ class Committer:
             ok, value = self.store.run_batch([fn], durable)[0]
             if not ok:
                 raise value
-            return value  # type: ignore[no-any-return]
+            return cast(T, value)
         req = _Request(fn, durable)
         self._queue.append(req)
         if self._leading:
@@ -71,7 +71,7 @@ class Committer:
             await self._lead()
         if not req.ok:
             raise req.value
-        return req.value  # type: ignore[no-any-return]
+        return cast(T, req.value)
 
     async def _lead(self) -> None:
         """Commit batches until the queue is empty. Shielded: others wait on this task."""
@@ -114,7 +114,7 @@ class Committer:
             results = [(False, StoreFailure(str(e)))] * len(batch)
         self.batches += 1
         self.requests += len(batch)
-        for req, (ok, value) in zip(batch, results):
+        for req, (ok, value) in zip(batch, results, strict=False):
             req.ok, req.value = ok, value
             req.done.set()
 

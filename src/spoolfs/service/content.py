@@ -6,6 +6,7 @@ import errno
 import fcntl
 import os
 from dataclasses import dataclass
+from typing import cast
 
 from spoolfs.blobs import BlobDir, StagingDir, hash_file
 from spoolfs.core.errors import NoSpace, NotPermitted, SpoolError, StoreFailure, TooLarge
@@ -149,17 +150,16 @@ class Content:
         ``cleanup`` after the commit, so a rollback loses nothing."""
         if entry.staged:
             cleanup.append(("staging", entry.id))
-        if entry.blob is not None:
-            if tx.blob_ref(entry.blob, -1) == 0:
-                blob = tx.blob(entry.blob)
-                tx.blob_delete(entry.blob)
-                if blob is not None and blob.data is None:
-                    cleanup.append(("blob", (blob.sha256, blob.id)))
+        if entry.blob is not None and tx.blob_ref(entry.blob, -1) == 0:
+            blob = tx.blob(entry.blob)
+            tx.blob_delete(entry.blob)
+            if blob is not None and blob.data is None:
+                cleanup.append(("blob", (blob.sha256, blob.id)))
 
     def cleanup(self, items: list[tuple[str, object]]) -> None:
         for kind, what in items:
             if kind == "staging":
-                self.staging.remove(what)  # type: ignore[arg-type]
+                self.staging.remove(cast(int, what))
             else:
-                sha, bid = what  # type: ignore[misc]
+                sha, bid = cast(tuple[bytes, int], what)
                 self.blobs.remove(sha, bid)

@@ -294,7 +294,7 @@ class Fsck:
                     bid = row[0]
                     if row[1] is None or bytes(row[1]) != b"":
                         c.execute("UPDATE blobs SET data=X'', size=0 WHERE id=?", (bid,))
-                empty.append(int(bid))  # type: ignore[arg-type]
+                empty.append(int(bid))  # type: ignore[arg-type]  # lastrowid is set after an INSERT
             return empty[0]
 
         with gc.write_tx(c):
@@ -396,7 +396,7 @@ class Fsck:
 
     def _batch_of(self, member: int) -> tuple[int | None, bytes]:
         """The batch root a member belongs to, and the member's path inside it."""
-        parts = []
+        parts: list[bytes] = []
         eid: int | None = member
         while eid is not None:
             row = self.conn.execute("SELECT kind, parent, name FROM entries WHERE id=?",

@@ -18,7 +18,7 @@ from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context
 from spoolfs.service.moves import apply
 from spoolfs.service.spool import Spool
-from spoolfs.store.base import WriteTx
+from spoolfs.store.base import Entry, WriteTx
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def recover(spool: Spool) -> dict[str, int]:
         if partial is None:
             continue
 
-        def fn(tx: WriteTx, e=e, partial=partial) -> None:  # type: ignore[no-untyped-def]
+        def fn(tx: WriteTx, e: Entry = e, partial: Entry = partial) -> None:
             name = e.name
             if tx.lookup(partial.id, name) is not None:
                 name = (name + b".recovered-%d" % e.id)[-255:]

@@ -13,7 +13,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -21,8 +21,19 @@ from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core import lifecycle as L
 from spoolfs.core import rules
 from spoolfs.core.errors import (
-    Exists, Invalid, IsADirectory, NoAttribute, NoSpace, NoSubscriber, NotADirectory, NotEmpty,
-    NotFound, NotPermitted, NotSupported, SpoolError, StoreFailure,
+    Exists,
+    Invalid,
+    IsADirectory,
+    NoAttribute,
+    NoSpace,
+    NoSubscriber,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+    NotSupported,
+    SpoolError,
+    StoreFailure,
 )
 from spoolfs.core.names import NAME_MAX, check_ident, check_message_name, is_staging_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
@@ -39,6 +50,7 @@ from spoolfs.service.snapshots import Full, Snapshots, shown_to
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -70,7 +82,8 @@ def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
 
 
 class Spool:
-    def __init__(self, store: Store, store_dir: str, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, store: Store, store_dir: str,
+                 clock: Callable[[], int] = time.time_ns) -> None:
         self.store = store
         self.r: ReadTx = store.reader()
         self.store_dir = store_dir
@@ -94,7 +107,7 @@ class Spool:
         self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
         self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
 
-    async def tx(self, fn: Callable[[WriteTx], Any], durable: bool = True) -> Any:
+    async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         return await self.committer.submit(fn, durable)
 
     # ---- reading the tree -----------------------------------------------------------------
@@ -209,12 +222,12 @@ class Spool:
                     tx.insert(parent=q.id, name=st.value.encode(), kind="state", queue=q.id,
                               state=st, **common)
                 log.info("queue %s created", ident)
-                return tx.get(q.id)  # type: ignore[return-value]
+                return tx.get(q.id)  # type: ignore[return-value]  # inserted above
             log.info("consumer view %s created", ident)
             return tx.insert(parent=parent, name=name, kind="consumer", queue=p.queue,
                              state=State.WORKING, **common)
 
-        return await self.tx(fn)  # type: ignore[no-any-return]
+        return await self.tx(fn)
 
     async def _mkdir_batch(self, p: Entry, name: bytes, mode: int, who: Who) -> Entry:
         """``mkdir partial/b1`` makes a batch (one message); inside it, a directory member."""
@@ -239,7 +252,7 @@ class Spool:
                             why="a batch", **row)
             return tx.insert(ctime_ns=now, **row)
 
-        return await self.tx(fn, durable=False)  # type: ignore[no-any-return]
+        return await self.tx(fn, durable=False)
 
     async def _remove_in_batch(self, parent: int, e: Entry, who: Who) -> None:
         """``rm`` of a batch's file or directory (``rm -r`` takes a batch apart, then removes
@@ -473,7 +486,8 @@ class Spool:
         if policy.duplicates != "allow" and cur.blob is not None:
             orig = tx.published_with(cur.queue, cur.blob, now - policy.duplicates_window, cur.id)
             if orig is not None:
-                why = f"duplicate of message {orig.id} ({place(orig)}/{orig.name.decode(errors='replace')})"
+                shown = orig.name.decode(errors="replace")
+                why = f"duplicate of message {orig.id} ({place(orig)}/{shown})"
                 if policy.duplicates == "reject":
                     raise Exists(f"queue {qname}: {why}")
                 self._to_success(tx, cur, now, who, Action.DUPLICATE, why, duplicate_of=orig.id)
@@ -490,7 +504,7 @@ class Spool:
             name = free_name(tx, ready.id, cur.name)
             copy = make(tx, Action.FANOUT, State.READY, Context(now), (who.uid, who.pid),
                         src=f"{qname}/ready", why=f"from message {cur.id} of queue {qname}",
-                        parent=ready.id, name=name, kind="message", queue=sq.id,  # type: ignore[union-attr]
+                        parent=ready.id, name=name, kind="message", queue=ready.queue,
                         blob=cur.blob, size=cur.size, mode=cur.mode, uid=cur.uid, gid=cur.gid,
                         mtime_ns=cur.mtime_ns, created_ns=now)
             if is_batch(cur):
@@ -817,7 +831,9 @@ class Spool:
             tx.copy_xattrs(cur.id, e.id)
             if action in self.ARRIVALS and self._arrive(tx, e.id, now, who):
                 left.append(True)
-                return tx.get(e.id)
+                arrived = tx.get(e.id)
+                assert arrived is not None  # inserted in this transaction
+                return arrived
             return e
 
         e = await self.tx(fn, durable=action in rules.DURABLE)
@@ -826,7 +842,7 @@ class Spool:
         if left:
             self.on_gone(new_parent, new_name)
         self._link_counts_changed(e.blob)
-        return e  # type: ignore[no-any-return]
+        return e
 
     # ---- attributes -----------------------------------------------------------------------
 
@@ -957,7 +973,8 @@ class Spool:
         for at_ns, action, src, dst, uid, pid, reason in self.r.history(entry_id):
             when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at_ns / 1e9))
             by = f"uid={uid} pid={pid}" if uid is not None else "by spoolfs"
-            line = f"{when}.{at_ns // 1_000_000 % 1000:03d}Z {action} {src or '-'} -> {dst or '-'} {by}"
+            line = (f"{when}.{at_ns // 1_000_000 % 1000:03d}Z {action} "
+                    f"{src or '-'} -> {dst or '-'} {by}")
             lines.append(line + (f" ({reason})" if reason else "") + "\n")
         return "".join(lines)
 
@@ -989,8 +1006,9 @@ class Spool:
 
         await self.tx(fn)
         self.policies.refresh()
-        log.info("queue %s: policy %s", e.name.decode(errors="replace"),
-                 ", ".join(f"{k}={v if v is not None else '(default)'}" for k, v in changes.items()))
+        shown = ", ".join(f"{k}={v if v is not None else '(default)'}"
+                          for k, v in changes.items())
+        log.info("queue %s: policy %s", e.name.decode(errors="replace"), shown)
 
     async def removexattr(self, e: Entry, name: bytes, who: Who) -> None:
         if not name.startswith(b"user."):

@@ -55,19 +55,19 @@ def snapshot(r: ReadTx, store_dir: str, policy_of: PolicyOf, now: int | None = N
                 queues[q.id]["consumers"][c.name.decode(errors="replace")] = {
                     "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None}
     for qid, state, consumer, count, size, oldest, lease, abandoned, waiting in r.stats():
-        q = queues.get(qid)
-        if q is None:
+        shown = queues.get(qid)
+        if shown is None:
             continue
-        s = q["states"][state]
+        s = shown["states"][state]
         s["count"] += count
         s["bytes"] += size
         age = _age(now, oldest)
         if age is not None and (s["oldest_age_s"] is None or age > s["oldest_age_s"]):
             s["oldest_age_s"] = age
-        q["abandoned"] += abandoned or 0
-        q["waiting_retry"] += waiting or 0
+        shown["abandoned"] += abandoned or 0
+        shown["waiting_retry"] += waiting or 0
         if state == "working":
-            c = q["consumers"].setdefault(consumer or "", {
+            c = shown["consumers"].setdefault(consumer or "", {
                 "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None})
             c["in_flight"] += count
             c["oldest_claim_age_s"] = age
@@ -170,5 +170,5 @@ class _Collector:
 def metrics(snap: dict[str, Any]) -> bytes:
     """The snapshot in the Prometheus text exposition format."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(snap))  # type: ignore[arg-type]
+    registry.register(_Collector(snap))
     return generate_latest(registry)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from spoolfs.core.errors import SpoolError, StoreFailure, StoreFull
 from spoolfs.core.rules import State
@@ -83,9 +83,9 @@ class SqliteRead(ReadTx):
                                  (parent,)).fetchone() is not None
 
     def subdirs(self, parent: int) -> int:
-        return self.conn.execute(  # S_IFMT / S_IFDIR
+        return int(self.conn.execute(  # S_IFMT / S_IFDIR
             "SELECT COUNT(*) FROM entries WHERE parent=? AND hidden=0 AND (mode & 61440)=16384",
-            (parent,)).fetchone()[0]  # type: ignore[no-any-return]
+            (parent,)).fetchone()[0])
 
     def blob(self, blob_id: int) -> Blob | None:
         row = self.conn.execute("SELECT id, sha256, size, refcount, data FROM blobs WHERE id=?",
@@ -98,7 +98,8 @@ class SqliteRead(ReadTx):
 
     def history(self, entry_id: int) -> list[tuple[Any, ...]]:
         return self.conn.execute(
-            "SELECT at_ns, action, src, dst, uid, pid, reason FROM history WHERE entry=? ORDER BY id",
+            "SELECT at_ns, action, src, dst, uid, pid, reason FROM history WHERE entry=? "
+            "ORDER BY id",
             (entry_id,)).fetchall()
 
     def due_leases(self, now_ns: int, limit: int) -> list[Entry]:
@@ -177,7 +178,7 @@ class SqliteWrite(SqliteRead, WriteTx):
         vals = [v.value if hasattr(v, "value") else v for v in fields.values()]
         cur = self.conn.execute(
             f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
-        entry = self.get(cur.lastrowid)  # type: ignore[arg-type]
+        entry = self.get(cast(int, cur.lastrowid))  # set after an INSERT
         assert entry is not None
         if not entry.hidden:
             self._dir_changed(entry.parent)
@@ -216,7 +217,7 @@ class SqliteWrite(SqliteRead, WriteTx):
         appears = "hidden" in fields and not fields["hidden"] and self._hidden(entry_id)
         cur = self.conn.execute(f"UPDATE entries SET {sets} WHERE id=?", [*vals, entry_id])
         if appears and cur.rowcount == 1:  # a hidden upload published: a name arrives
-            self._dir_changed(self.get(entry_id).parent)  # type: ignore[union-attr]
+            self._dir_changed(self.get(entry_id).parent)  # type: ignore[union-attr]  # just updated
         return cur.rowcount == 1
 
     def delete(self, entry_id: int) -> bool:
@@ -260,7 +261,7 @@ class SqliteWrite(SqliteRead, WriteTx):
         cur = self.conn.execute(
             "INSERT INTO blobs (sha256, size, refcount, data) VALUES (?, ?, 0, ?)",
             (sha256, size, data))
-        return cur.lastrowid  # type: ignore[return-value]
+        return cast(int, cur.lastrowid)  # set after an INSERT
 
     def blob_ref(self, blob_id: int, delta: int) -> int:
         row = self.conn.execute("UPDATE blobs SET refcount = refcount + ? WHERE id=? "
@@ -277,7 +278,8 @@ class SqliteWrite(SqliteRead, WriteTx):
                     reason: str | None) -> None:
         self.conn.execute(
             "INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (entry_id, at_ns, action, src, dst, uid, pid, reason))
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (entry_id, at_ns, action, src, dst, uid, pid, reason))
 
 
 class SqliteStore(Store):

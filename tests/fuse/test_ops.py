@@ -1,0 +1,289 @@
+"""The FUSE handlers called directly, without a kernel: errno mapping, lookup counts and
+forget, readdir cookies, publishing at close, rename refusals. Milliseconds per test; what only a
+kernel shows (its caches, real processes closing files) stays in tests/integration."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Awaitable
+
+import pyfuse3
+import pytest
+
+from helpers.kernel import Ctx, Fs
+from spoolfs.core import errors
+from spoolfs.core.rules import State
+from spoolfs.fuse import ops as ops_module
+from spoolfs.fuse import virtual
+from spoolfs.service.spool import RENAME_EXCHANGE, RENAME_NOREPLACE
+
+
+def _spool_errors() -> list[type[errors.SpoolError]]:
+    found, todo = [], [errors.SpoolError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return sorted(found, key=lambda c: c.__name__)
+
+
+async def _errno_of(call: Awaitable[object]) -> int:
+    with pytest.raises(pyfuse3.FUSEError) as caught:
+        await call
+    return caught.value.errno
+
+
+# ---- errno mapping -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", _spool_errors(), ids=lambda c: c.__name__)
+async def test_every_refusal_is_its_errno_and_one_log_line(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        cls: type[errors.SpoolError]) -> None:
+    def refuse(parent: int, name: bytes) -> None:
+        raise cls("the reason")
+
+    monkeypatch.setattr(fs.spool, "lookup", refuse)
+    with caplog.at_level(logging.INFO, logger=ops_module.__name__):
+        assert await _errno_of(fs.ops.lookup(fs[State.READY], b"m", Ctx())) == cls.errno
+    lines = [r.getMessage() for r in caplog.records if r.name == ops_module.__name__]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("refused lookup(") and "the reason" in lines[0]
+    assert errno.errorcode[cls.errno] in lines[0]
+
+
+async def test_a_missing_name_is_enoent_without_a_log_line(
+        fs: Fs, caplog: pytest.LogCaptureFixture) -> None:
+    # the kernel looks names up before every create: a plain ENOENT is not news
+    with caplog.at_level(logging.INFO, logger=ops_module.__name__):
+        assert await _errno_of(fs.ops.lookup(fs[State.READY], b"none", Ctx())) == errno.ENOENT
+    assert [r for r in caplog.records if r.name == ops_module.__name__] == []
+
+
+@pytest.mark.parametrize("handler", ["lookup", "mkdir", "unlink", "rename", "getxattr"])
+async def test_an_unexpected_exception_is_eio_with_its_traceback_logged(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        handler: str) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the store broke")
+
+    async def broken_async(*args: object, **kwargs: object) -> None:
+        broken()
+
+    ready = fs[State.READY]
+    await fs.upload(ready, b"m", b"x")
+    for name in ("lookup", "get", "settle", "mkdir", "unlink", "rename"):
+        monkeypatch.setattr(fs.spool, name, broken_async if name in (
+            "settle", "mkdir", "unlink", "rename") else broken)
+    calls = {
+        "lookup": lambda: fs.ops.lookup(ready, b"m", Ctx()),
+        "mkdir": lambda: fs.ops.mkdir(fs[State.WORKING], b"c", 0o755, Ctx()),
+        "unlink": lambda: fs.ops.unlink(ready, b"m", Ctx()),
+        "rename": lambda: fs.ops.rename(ready, b"m", ready, b"n", 0, Ctx()),
+        "getxattr": lambda: fs.ops.getxattr(ready, b"user.spool.state", Ctx()),
+    }
+    with caplog.at_level(logging.INFO, logger=ops_module.__name__):
+        assert await _errno_of(calls[handler]()) == errno.EIO
+    logged = [r for r in caplog.records if r.name == ops_module.__name__]
+    assert len(logged) == 1 and logged[0].levelno == logging.ERROR
+    assert logged[0].getMessage().startswith(f"internal error in {handler}(")
+    assert logged[0].exc_info is not None and logged[0].exc_info[0] is RuntimeError
+
+
+async def test_a_request_on_an_unknown_handle_is_eio_not_a_crash(fs: Fs) -> None:
+    assert await _errno_of(fs.ops.read(999, 0, 10)) == errno.EIO
+    assert await _errno_of(fs.ops.write(999, 0, b"x")) == errno.EIO
+
+
+async def test_written_content_is_logged_as_its_size_only(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    fi, _ = await fs.ops.create(fs[State.PARTIAL], b"u", 0o644, os.O_WRONLY, Ctx())
+
+    def refuse(*args: object) -> int:
+        raise errors.NoSpace("disk full")
+
+    monkeypatch.setattr(fs.spool, "write", refuse)
+    with caplog.at_level(logging.INFO, logger=ops_module.__name__):
+        assert await _errno_of(fs.ops.write(fi.fh, 0, b"secret payload")) == errno.ENOSPC
+    text = caplog.text
+    assert "secret" not in text and "<14 bytes>" in text
+    monkeypatch.undo()
+    await fs.ops.release(fi.fh)
+
+
+# ---- refusals through the handlers ----------------------------------------------------------
+
+async def test_rename_refusals_change_nothing(fs: Fs) -> None:
+    ready, success = fs[State.READY], fs[State.SUCCESS]
+    a = await fs.upload(ready, b"a", b"1")
+    await fs.upload(ready, b"b", b"2")
+    assert await _errno_of(fs.ops.rename(ready, b"a", success, b"a", 0, Ctx())) == errno.EPERM
+    assert await _errno_of(fs.ops.rename(ready, b"a", ready, b"b", 0, Ctx())) == errno.EEXIST
+    assert await _errno_of(
+        fs.ops.rename(ready, b"a", ready, b"c", RENAME_NOREPLACE | RENAME_EXCHANGE, Ctx())
+    ) == errno.EINVAL
+    assert await _errno_of(
+        fs.ops.rename(ready, b"a", ready, b"x" * 256, 0, Ctx())) == errno.ENAMETOOLONG
+    assert await _errno_of(fs.ops.rename(ready, b"none", ready, b"c", 0, Ctx())) == errno.ENOENT
+    assert sorted(await fs.names(ready)) == [b"a", b"b"]
+    assert await fs.names(success) == []
+    assert (await fs.ops.lookup(ready, b"a", Ctx())).st_ino == a
+    assert await fs.read_all(a) == b"1"
+
+
+async def test_creating_where_nothing_may_be_created_is_eperm(fs: Fs) -> None:
+    for st in (State.WORKING, State.SUCCESS, State.ERROR):
+        assert await _errno_of(
+            fs.ops.create(fs[st], b"n", 0o644, os.O_WRONLY, Ctx())) == errno.EPERM
+    assert await _errno_of(fs.ops.symlink(fs[State.READY], b"s", b"t", Ctx())) == errno.EPERM
+    assert await _errno_of(
+        fs.ops.mknod(fs[State.READY], b"p", 0o010644, 0, Ctx())) == errno.EPERM
+
+
+async def test_published_content_is_refused_for_writing_at_open(fs: Fs) -> None:
+    ino = await fs.upload(fs[State.READY], b"m", b"data")
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_TRUNC):
+        assert await _errno_of(fs.ops.open(ino, flags, Ctx())) == errno.EPERM
+    assert await fs.read_all(ino) == b"data"
+
+
+async def test_the_status_directory_is_read_only(fs: Fs) -> None:
+    attr = await fs.ops.lookup(pyfuse3.ROOT_INODE, virtual.DIR_NAME, Ctx())
+    assert attr.st_ino == virtual.DIR
+    name = next(iter(virtual.FILES))
+    ino = (await fs.ops.lookup(virtual.DIR, name, Ctx())).st_ino
+    assert await _errno_of(fs.ops.open(ino, os.O_WRONLY, Ctx())) == errno.EPERM
+    assert await _errno_of(fs.ops.lookup(virtual.DIR, b"none", Ctx())) == errno.ENOENT
+
+
+async def test_mkdir_applies_the_callers_umask(fs: Fs) -> None:
+    attr = await fs.ops.mkdir(fs[State.WORKING], b"c", 0o777, Ctx(umask=0o027))
+    assert attr.st_mode & 0o777 == 0o750
+
+
+# ---- lookup counts and forget ---------------------------------------------------------------
+
+async def test_an_unlinked_entry_answers_until_the_kernel_forgets_it(fs: Fs) -> None:
+    partial = fs[State.PARTIAL]
+    ino = await fs.upload(partial, b"u", b"abc")  # create: one lookup
+    assert (await fs.ops.lookup(partial, b"u", Ctx())).st_ino == ino  # two
+    await fs.ops.unlink(partial, b"u", Ctx())
+    attr = await fs.ops.getattr(ino, Ctx())
+    assert attr.st_nlink == 0 and attr.st_size == 3
+    await fs.ops.forget([(ino, 1)])
+    assert (await fs.ops.getattr(ino, Ctx())).st_nlink == 0
+    await fs.ops.forget([(ino, 1)])
+    assert await _errno_of(fs.ops.getattr(ino, Ctx())) == errno.ENOENT
+
+
+async def test_readdir_entries_count_as_lookups(fs: Fs) -> None:
+    partial = fs[State.PARTIAL]
+    ino = await fs.upload(partial, b"u", b"abc")
+    await fs.ops.forget([(ino, 1)])  # the create's lookup
+    assert await fs.names(partial) == [b"u"]  # the listing's
+    await fs.ops.unlink(partial, b"u", Ctx())
+    assert (await fs.ops.getattr(ino, Ctx())).st_nlink == 0
+    await fs.ops.forget([(ino, 1)])
+    assert await _errno_of(fs.ops.getattr(ino, Ctx())) == errno.ENOENT
+
+
+async def test_forget_never_raises(fs: Fs) -> None:
+    ino = await fs.upload(fs[State.READY], b"m", b"x")
+    await fs.ops.forget([(ino, 5), (123456, 1), (pyfuse3.ROOT_INODE, 1), (virtual.DIR, 2)])
+    await fs.ops.forget([(ino, 1)])
+    assert (await fs.ops.getattr(ino, Ctx())).st_ino == ino  # still linked: still there
+
+
+# ---- readdir cookies ------------------------------------------------------------------------
+
+async def test_readdir_resumes_at_its_cookie_while_the_directory_changes(fs: Fs) -> None:
+    ready = fs[State.READY]
+    before = [b"m%d" % i for i in range(7)]
+    for name in before:
+        await fs.upload(ready, name, name)
+    fh = await fs.ops.opendir(ready, Ctx())
+    seen: list[bytes] = []
+    cookie = 0
+    fs.listing.replies.clear()
+    while True:
+        fs.listing.room = 3  # the kernel's buffer is full after three entries
+        await fs.ops.readdir(fh, cookie, None)
+        if not fs.listing.replies:
+            break
+        seen += [name for name, _, _ in fs.listing.replies]
+        cookie = fs.listing.replies[-1][2]
+        fs.listing.replies.clear()
+        # the directory changes between two readdir calls of one listing
+        await fs.ops.unlink(ready, before[len(seen) - 1], Ctx())
+        await fs.upload(ready, b"new%d" % len(seen), b"n")
+    await fs.ops.releasedir(fh)
+    assert sorted(seen) == sorted(before)  # each entry once: none skipped, none repeated
+
+
+async def test_a_cookie_past_the_end_lists_nothing(fs: Fs) -> None:
+    ready = fs[State.READY]
+    await fs.upload(ready, b"m", b"x")
+    fh = await fs.ops.opendir(ready, Ctx())
+    await fs.ops.readdir(fh, 10, None)
+    await fs.ops.releasedir(fh)
+    assert fs.listing.replies == []
+
+
+# ---- publishing at close --------------------------------------------------------------------
+
+async def test_a_file_created_in_ready_appears_at_its_openers_flush(fs: Fs) -> None:
+    ready = fs[State.READY]
+    fi, attr = await fs.ops.create(ready, b"m", 0o644, os.O_WRONLY | os.O_CREAT, Ctx())
+    assert attr.entry_timeout == 0  # the kernel must not cache a name ready/ does not show
+    await fs.ops.write(fi.fh, 0, b"hello ")
+    await fs.ops.write(fi.fh, 6, b"world")
+    assert await fs.names(ready) == []
+    assert await _errno_of(fs.ops.lookup(ready, b"m", Ctx())) == errno.ENOENT
+    await fs.ops.flush(fi.fh)
+    assert await fs.names(ready) == [b"m"]
+    # later writes through a copy of the descriptor are refused: the message is published
+    assert await _errno_of(fs.ops.write(fi.fh, 11, b"!")) == errno.EPERM
+    await fs.ops.release(fi.fh)
+    ino = (await fs.ops.lookup(ready, b"m", Ctx())).st_ino
+    assert ino == attr.st_ino
+    assert await fs.read_all(ino) == b"hello world"
+    assert await fs.ops.getxattr(ino, b"user.spool.state", Ctx()) == b"ready"
+
+
+async def test_a_flush_while_the_opener_holds_the_file_does_not_publish(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    ready = fs[State.READY]
+    fi, _ = await fs.ops.create(ready, b"m", 0o644, os.O_WRONLY | os.O_CREAT, Ctx())
+    await fs.ops.write(fi.fh, 0, b"data")
+    # a child closing an inherited copy: the opener (this process, running) still holds it
+    monkeypatch.setattr(ops_module, "_holds", lambda pid, ino: True)
+    await fs.ops.flush(fi.fh)
+    assert await fs.names(ready) == []
+    await fs.ops.release(fi.fh)  # the last handle: published now
+    assert await fs.names(ready) == [b"m"]
+
+
+async def test_publishing_a_file_still_open_drops_its_cached_name(fs: Fs) -> None:
+    partial, ready = fs[State.PARTIAL], fs[State.READY]
+    fi, _ = await fs.ops.create(partial, b"u", 0o644, os.O_WRONLY | os.O_CREAT, Ctx())
+    await fs.ops.write(fi.fh, 0, b"abc")
+    await fs.ops.rename(partial, b"u", ready, b"u", 0, Ctx())
+    assert (ready, b"u") in fs.kernel.invalidated_entries
+    assert await fs.names(ready) == []  # hidden until the writer closes
+    await fs.ops.flush(fi.fh)
+    await fs.ops.release(fi.fh)
+    assert await fs.names(ready) == [b"u"]
+    assert await fs.read_all((await fs.ops.lookup(ready, b"u", Ctx())).st_ino) == b"abc"
+
+
+async def test_a_claim_and_finish_through_the_handlers(fs: Fs) -> None:
+    ready, success = fs[State.READY], fs[State.SUCCESS]
+    ino = await fs.upload(ready, b"m", b"payload")
+    view = (await fs.ops.mkdir(fs[State.WORKING], b"w1", 0o755, Ctx())).st_ino
+    await fs.ops.rename(ready, b"m", view, b"m", 0, Ctx())
+    assert await fs.ops.getxattr(ino, b"user.spool.attempts", Ctx()) == b"1"
+    assert await _errno_of(fs.ops.rename(ready, b"m", view, b"m", 0, Ctx())) == errno.ENOENT
+    await fs.ops.rename(view, b"m", success, b"m", 0, Ctx())
+    assert await fs.names(success) == [b"m"]
+    assert await fs.read_all(ino) == b"payload"

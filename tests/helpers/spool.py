@@ -1,0 +1,55 @@
+"""The service on a real store in ``tmp_path``, without a kernel: a spool with its committer
+running, a queue's state directories, uploads and reads (tests/service)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import trio
+
+from spoolfs.core.rules import State
+from spoolfs.service.fsck import Fsck
+from spoolfs.service.spool import Spool, Who
+from spoolfs.store.sqlite import open_store
+
+WHO = Who(0, 0, 1)
+
+
+class Q:
+    def __init__(self, spool: Spool, qid: int) -> None:
+        self.spool, self.id = spool, qid
+        self.dirs = {st: spool.lookup(qid, st.value.encode()).id for st in State}
+
+    def __getitem__(self, st: State) -> int:
+        return self.dirs[st]
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path) -> AsyncIterator[Spool]:
+    """A spool on a store in ``tmp_path`` with its committer running; fsck must be clean
+    once it is closed."""
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        yield spool
+        spool.committer.close()
+    store.close()
+    assert Fsck(str(tmp_path)).run() == [], "fsck is not clean at the end of the test"
+
+
+async def upload(spool: Spool, d: int, name: bytes, data: bytes) -> int:
+    e, h = await spool.create(d, name, 0o644, WHO)
+    spool.write(h, 0, data)
+    await spool.close(h, WHO)
+    return e.id
+
+
+def content(spool: Spool, entry_id: int) -> bytes:
+    h = spool.content.open(spool.r, spool.get(entry_id), False)
+    try:
+        return h.read(0, 1 << 30)
+    finally:
+        h.close()
