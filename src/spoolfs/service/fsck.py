@@ -42,13 +42,13 @@ from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core.names import NAME_MAX
 from spoolfs.service import gc
 from spoolfs.store import schema
+from spoolfs.store.registry import open_maintenance, store_layout
 from spoolfs.store.private import DIR_MODE, FILE_MODE
 
 PROGRESS_EVERY = 10_000
 #: rows that hold content: messages, and the files of a batch (its members)
 CONTENT_KINDS = ("message", "member")
 EMPTY_SHA256 = hashlib.sha256(b"").digest()
-LOST_AND_FOUND = "lost+found"
 
 
 def _hash_path(path: str) -> tuple[bytes, int] | None:
@@ -80,9 +80,11 @@ class Fsck:
                  grace_ns: int | None = None, now_ns: int | None = None,
                  hash_files: bool = True) -> None:
         self.store_dir = store_dir
-        self.conn = gc.connect(store_dir)
-        self.blobs = BlobDir(os.path.join(store_dir, "blobs"))
-        self.staging = StagingDir(os.path.join(store_dir, "staging"))
+        self.layout = store_layout(store_dir)
+        self.maint = open_maintenance(store_dir)
+        self.conn = self.maint.tx.conn  # type: ignore[attr-defined]
+        self.blobs = BlobDir(self.layout.blobs)
+        self.staging = StagingDir(self.layout.staging)
         self.progress = progress
         self.grace_ns = grace_ns
         self.now_ns = time.time_ns() if now_ns is None else now_ns
@@ -114,7 +116,7 @@ class Fsck:
 
     def check(self) -> list[str]:
         self.check_schema()
-        with gc.read_tx(self.conn):  # messages and blob rows from one snapshot
+        with self.maint.read():  # messages and blob rows from one snapshot
             self.check_tree()
             self.check_refcounts()
         self.check_blob_files()
@@ -122,7 +124,7 @@ class Fsck:
         return self.problems
 
     def close(self) -> None:
-        self.conn.close()
+        self.maint.close()
 
     def summary(self) -> str:
         return "fsck: checked " + ", ".join(f"{n} {k}" for k, n in self.counts.items())
@@ -264,9 +266,9 @@ class Fsck:
         fixes += self._repair_content()
         fixes += self._repair_refcounts()
         report = gc.Report()
-        gc.sweep_blob_rows(self.conn, self.blobs, self.unreferenced, report)
-        gc.sweep_blob_files(self.conn, self.orphan_files, grace, self.now_ns, report)
-        gc.sweep_staging(self.conn, self.staging, self.orphan_staging, grace, self.now_ns,
+        gc.sweep_blob_rows(self.maint, self.blobs, self.unreferenced, report)
+        gc.sweep_blob_files(self.maint, self.orphan_files, grace, self.now_ns, report)
+        gc.sweep_staging(self.maint, self.staging, self.orphan_staging, grace, self.now_ns,
                          report)
         fixes += report.lines
         if report.young:
@@ -297,7 +299,7 @@ class Fsck:
                 empty.append(int(bid))  # type: ignore[arg-type]
             return empty[0]
 
-        with gc.write_tx(c):
+        with self.maint.write():
             for bid in sorted(self.lost):
                 row = c.execute("SELECT sha256, size, data FROM blobs WHERE id=?",
                                 (bid,)).fetchone()
@@ -457,7 +459,7 @@ class Fsck:
 
     def _keep(self, path: str, data: bytes | None, name: str) -> str:
         """Keep what is left of damaged content in ``STORE/lost+found/``."""
-        d = os.path.join(self.store_dir, LOST_AND_FOUND)
+        d = self.layout.lost_found
         try:
             os.makedirs(d, DIR_MODE, exist_ok=True)
             dst = os.path.join(d, name)
@@ -480,7 +482,7 @@ class Fsck:
             return []
         c = self.conn
         fixes = []
-        with gc.write_tx(c):
+        with self.maint.write():
             for bid in sorted(self.bad_refcounts):
                 row = c.execute("SELECT refcount, (SELECT COUNT(*) FROM entries WHERE blob=?) "
                                 "FROM blobs WHERE id=?", (bid, bid)).fetchone()

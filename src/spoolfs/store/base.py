@@ -244,3 +244,48 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+
+class GcTx(abc.ABC):
+    """The queries garbage collection needs, inside one ``Maintenance`` transaction."""
+
+    @abc.abstractmethod
+    def blobs_in_files(self) -> dict[int, bytes]:
+        """Blob id -> sha256 of every blob row whose content is a blob file."""
+
+    @abc.abstractmethod
+    def unreferenced_blobs(self) -> list[int]:
+        """Ids of blob rows that no entry references."""
+
+    @abc.abstractmethod
+    def staged_ids(self) -> set[int]:
+        """Ids of entries whose content is an upload's staging file."""
+
+    @abc.abstractmethod
+    def is_staged(self, entry_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    def names_blob_file(self, sha256: bytes, blob_id: int) -> bool:
+        """Whether blob file ``<sha256>.<blob_id>`` is the file of a blob row."""
+
+    @abc.abstractmethod
+    def delete_unreferenced_blob(self, blob_id: int) -> tuple[bytes, int, int, bool] | None:
+        """Delete the blob row if it exists and no entry references it; returns what it was
+        (sha256, size, refcount, whether its content is a file), or None if it stays."""
+
+
+class Maintenance(abc.ABC):
+    """Offline-safe access for ``gc`` and ``fsck``: a connection of their own, next to any
+    daemon that has the store mounted. ``write()`` holds the store's write lock: no daemon
+    commits meanwhile."""
+
+    @abc.abstractmethod
+    def read(self) -> AbstractContextManager[GcTx]:
+        """One consistent snapshot for several queries (takes no write lock)."""
+
+    @abc.abstractmethod
+    def write(self) -> AbstractContextManager[GcTx]:
+        """One write transaction holding the store's write lock; rolled back on an error."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
