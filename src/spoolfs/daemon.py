@@ -24,7 +24,7 @@ from spoolfs.service.recovery import recover
 from spoolfs.service.roles import STRICT_ROLES, Gate
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.private import tighten
-from spoolfs.store.sqlite import open_store
+from spoolfs.store.registry import open_store
 
 log = logging.getLogger("spoolfs")
 

@@ -101,9 +101,9 @@ def _show_on_mount(path: str) -> str:
 
 
 def _open(store_dir: str):  # type: ignore[no-untyped-def]
-    from spoolfs.store.sqlite import open_store
+    from spoolfs.store.registry import open_store, store_layout
 
-    if not os.path.exists(os.path.join(store_dir, "meta.db")):
+    if not store_layout(store_dir).is_store():
         raise UserError(f"{store_dir} is not a spoolfs store (no meta.db)")
     return open_store(store_dir)
 
