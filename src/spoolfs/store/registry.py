@@ -87,4 +87,11 @@ def _maintain_sqlite(store_dir: str) -> Maintenance:
     return SqliteMaintenance(layout.meta_db, Reserve(store_dir))
 
 
+def _open_memory(rest: str) -> Store:
+    from spoolfs.store.memory import MemoryStore
+
+    return MemoryStore()
+
+
 register("", Engine(_open_sqlite, _maintain_sqlite))
+register("memory", Engine(_open_memory))
