@@ -24,7 +24,8 @@ from spoolfs.service.recovery import recover
 from spoolfs.service.roles import STRICT_ROLES, Gate
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.private import tighten
-from spoolfs.store.sqlite import open_store
+from spoolfs.store.registry import open_store
+from spoolfs.store.registry import split as split_url
 
 log = logging.getLogger("spoolfs")
 
@@ -67,6 +68,10 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         store = open_store(store_dir)
     except Exception as e:
         raise UserError(f"cannot open store {store_dir}: {e}") from e
+    if split_url(store_dir)[0]:  # content lives in a store directory, next to its metadata
+        store.close()
+        raise UserError(f"cannot mount {store_dir}: a mount needs a store directory for its "
+                        "content; this engine keeps metadata only")
     spool = Spool(store, store_dir)
     try:
         try:

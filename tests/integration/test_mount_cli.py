@@ -134,3 +134,18 @@ def test_fsck_of_a_clean_store_exits_zero(mount: Mount, queue: Queue) -> None:
     res = spoolfs_cli("fsck", str(mount.store), timeout=60)
     assert res.returncode == 0, res.stdout.decode(errors="replace") + res.stderr.decode(
         errors="replace")
+
+
+@pytest.mark.parametrize("url", ["memory:", "postgresql://db.example/spool"])
+def test_a_store_url_without_a_directory_is_refused_in_one_line(url: str, tmp_path: Path) -> None:
+    # a mount keeps content in a store directory: an engine URL is refused before anything
+    # is made, never taken for a local directory named after its scheme (the CLI runs in /)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    local = Path("/") / url.split("/")[0]
+    assert not local.exists()
+    res = spoolfs_cli(url, str(mnt), "--log-file", str(tmp_path / "log"))
+    if os.path.ismount(mnt):  # the defect: it mounted; leave nothing behind
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+    assert url in one_line_error(res)
+    assert not mounted(mnt) and not local.exists()

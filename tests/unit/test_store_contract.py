@@ -1,4 +1,4 @@
-"""The store contract, run against every engine (the embedded SQLite engine today)."""
+"""The store contract, run against every engine: the embedded SQLite engine and memory."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import pytest
 from spoolfs.core.errors import Exists
 from spoolfs.core.rules import State
 from spoolfs.store.base import Store, WriteTx
+from spoolfs.store.registry import open_store
 from spoolfs.store.sqlite import SqliteStore
 
-ENGINES = ["sqlite"]
+ENGINES = ["sqlite", "memory"]
 
 
 @pytest.fixture(params=ENGINES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s = SqliteStore(str(tmp_path / "meta.db"))
+    s = open_store(str(tmp_path / "s") if request.param == "sqlite" else "memory:")
     yield s
     s.close()
 

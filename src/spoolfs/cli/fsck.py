@@ -10,10 +10,9 @@ and ``fsck: N problem(s) repaired (M fix(es)), clean`` (exit 0), or what is left
 from __future__ import annotations
 
 import argparse
-import os
-import sqlite3
 
-from spoolfs.core.errors import UserError
+from spoolfs.core.errors import StoreFailure, StoreFull, UserError
+from spoolfs.store.registry import store_layout
 
 
 def _seconds(text: str) -> float:
@@ -43,7 +42,7 @@ def run(argv: list[str]) -> int:
                    help="orphan files younger than this are left alone (default with --repair: "
                         f"{gc.GRACE_NS // gc.NS})")
     args = p.parse_args(argv)
-    if not os.path.isfile(os.path.join(args.store, "meta.db")):
+    if not store_layout(args.store).is_store():
         raise UserError(f"{args.store} is not a spoolfs store (no meta.db)")
     grace_ns = None if args.grace is None else int(args.grace * gc.NS)
     if args.repair and grace_ns is None:
@@ -80,7 +79,9 @@ def run(argv: list[str]) -> int:
             left = again.check()
         finally:
             again.close()
-    except (sqlite3.Error, OSError) as e:
+    except StoreFull:
+        raise
+    except (StoreFailure, OSError) as e:
         raise UserError(f"fsck of {args.store} failed: {e}") from None
     for line in left:
         print(line)

@@ -9,10 +9,9 @@ removal with ``-v`` and always a summary; exits 0.
 from __future__ import annotations
 
 import argparse
-import os
-import sqlite3
 
-from spoolfs.core.errors import UserError
+from spoolfs.core.errors import StoreFailure, StoreFull, UserError
+from spoolfs.store.registry import store_layout
 
 
 def run(argv: list[str]) -> int:
@@ -30,11 +29,13 @@ def run(argv: list[str]) -> int:
                    help=f"leave orphan files younger than this (default {gc.GRACE_NS // gc.NS})")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per removal")
     args = p.parse_args(argv)
-    if not os.path.isfile(os.path.join(args.store, "meta.db")):
+    if not store_layout(args.store).is_store():
         raise UserError(f"{args.store} is not a spoolfs store (no meta.db)")
     try:
         report = gc.collect(args.store, grace_ns=int(args.grace * gc.NS))
-    except sqlite3.Error as e:
+    except StoreFull:
+        raise
+    except StoreFailure as e:
         raise UserError(f"cannot collect in store {args.store}: {e}") from None
     except OSError as e:
         raise UserError(f"gc of {args.store} failed: {e}") from None

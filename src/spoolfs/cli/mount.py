@@ -23,6 +23,7 @@ from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.core.names import check_ident
 from spoolfs.notify import notify
 from spoolfs.runtime import default_store
+from spoolfs.store.registry import split as split_url
 
 log = logging.getLogger("spoolfs")
 
@@ -104,7 +105,9 @@ def run(argv: list[str]) -> int:
         raise UserError(f"log_level={args.log_level}: expected one of {', '.join(LEVELS)}", 2)
     if args.log_file:
         args.log_file = os.path.abspath(args.log_file)
-    store = os.path.abspath(args.paths[0] if len(args.paths) == 2 else default_store())
+    store = args.paths[0] if len(args.paths) == 2 else default_store()
+    if not split_url(store)[0]:  # a URL names its engine: never a path under the cwd
+        store = os.path.abspath(store)
     if re.fullmatch(r"/dev/fd/\d+", args.paths[-1]):
         raise UserError("mount option drop_privileges (a mount point passed as /dev/fd/N) "
                         "is not supported", 2)

@@ -17,8 +17,7 @@ from spoolfs.core import policy as P
 from spoolfs.core.errors import Invalid, UserError
 
 if TYPE_CHECKING:
-    from spoolfs.store.base import WriteTx
-    from spoolfs.store.sqlite import SqliteStore
+    from spoolfs.store.base import Store, WriteTx
 
 XATTR = "user.spool.policy"
 
@@ -105,15 +104,15 @@ def _show_on_mount(path: str) -> str:
         raise _not_a_queue(path, e) from None
 
 
-def _open(store_dir: str) -> SqliteStore:
-    from spoolfs.store.sqlite import open_store
+def _open(store_dir: str) -> Store:
+    from spoolfs.store.registry import open_store, store_layout
 
-    if not os.path.exists(os.path.join(store_dir, "meta.db")):
+    if not store_layout(store_dir).is_store():
         raise UserError(f"{store_dir} is not a spoolfs store (no meta.db)")
     return open_store(store_dir)
 
 
-def _queue_id(store: SqliteStore, name: str) -> int:
+def _queue_id(store: Store, name: str) -> int:
     e = store.reader().lookup(1, name.encode())
     if e is None or e.kind != "queue":
         raise UserError(f"no queue {name!r} in the store")
@@ -147,6 +146,6 @@ def _show_in_store(store_dir: str, name: str) -> str:
         store.close()
 
 
-def _shown(store: SqliteStore, qid: int) -> str:
+def _shown(store: Store, qid: int) -> str:
     stored = store.reader().policies().get(qid, {})
     return P.format_lines(P.DEFAULT.with_values(stored).shown())

@@ -42,10 +42,12 @@ def load(path: str) -> dict[str, Any]:
     if os.path.exists(virtual):
         with open(virtual, "rb") as f:
             return cast(dict[str, Any], json.loads(f.read()))
-    if os.path.exists(os.path.join(path, "meta.db")):
+    from spoolfs.store.registry import store_layout
+
+    if store_layout(path).is_store():
         from spoolfs.service.policies import Policies
         from spoolfs.service.status import snapshot
-        from spoolfs.store.sqlite import open_store
+        from spoolfs.store.registry import open_store
 
         store = open_store(path)
         try:

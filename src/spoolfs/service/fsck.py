@@ -5,7 +5,7 @@ The checks read the store through a connection of their own and change nothing; 
 while daemons have the store mounted. Each problem is one line in ``problems``; what can be
 repaired is also remembered as a candidate for ``repair``.
 
-``repair`` fixes, one write transaction per kind (``BEGIN IMMEDIATE`` on its own connection, so
+``repair`` fixes, one write transaction per kind (``Maintenance.write()``: its own connection, so
 it is safe while daemons serve the store), each candidate checked again under the lock:
 
 1. **lost content**: a blob whose file is missing, of the wrong size or not matching its
@@ -43,12 +43,12 @@ from spoolfs.core.names import NAME_MAX
 from spoolfs.service import gc
 from spoolfs.store import schema
 from spoolfs.store.private import DIR_MODE, FILE_MODE
+from spoolfs.store.registry import open_maintenance, store_layout
 
 PROGRESS_EVERY = 10_000
 #: rows that hold content: messages, and the files of a batch (its members)
 CONTENT_KINDS = ("message", "member")
 EMPTY_SHA256 = hashlib.sha256(b"").digest()
-LOST_AND_FOUND = "lost+found"
 
 
 def _hash_path(path: str) -> tuple[bytes, int] | None:
@@ -80,9 +80,11 @@ class Fsck:
                  grace_ns: int | None = None, now_ns: int | None = None,
                  hash_files: bool = True) -> None:
         self.store_dir = store_dir
-        self.conn = gc.connect(store_dir)
-        self.blobs = BlobDir(os.path.join(store_dir, "blobs"))
-        self.staging = StagingDir(os.path.join(store_dir, "staging"))
+        self.layout = store_layout(store_dir)
+        self.maint = open_maintenance(store_dir)
+        self.tx = self.maint.tx
+        self.blobs = BlobDir(self.layout.blobs)
+        self.staging = StagingDir(self.layout.staging)
         self.progress = progress
         self.grace_ns = grace_ns
         self.now_ns = time.time_ns() if now_ns is None else now_ns
@@ -114,7 +116,7 @@ class Fsck:
 
     def check(self) -> list[str]:
         self.check_schema()
-        with gc.read_tx(self.conn):  # messages and blob rows from one snapshot
+        with self.maint.read():  # messages and blob rows from one snapshot
             self.check_tree()
             self.check_refcounts()
         self.check_blob_files()
@@ -122,7 +124,7 @@ class Fsck:
         return self.problems
 
     def close(self) -> None:
-        self.conn.close()
+        self.maint.close()
 
     def summary(self) -> str:
         return "fsck: checked " + ", ".join(f"{n} {k}" for k, n in self.counts.items())
@@ -152,23 +154,19 @@ class Fsck:
     # ---- checks -----------------------------------------------------------------------------
 
     def check_schema(self) -> None:
-        c = self.conn
-        if c.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
-            self._bad("database integrity check failed")
-        for row in c.execute("PRAGMA foreign_key_check"):
-            self._bad(f"dangling reference: {row}")
-        v = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if v is None or int(v[0]) != schema.VERSION:
-            self._bad(f"schema version {v and v[0]} != {schema.VERSION}")
+        with self.maint.read() as tx:
+            if not tx.integrity_ok():
+                self._bad("database integrity check failed")
+            for row in tx.dangling():
+                self._bad(f"dangling reference: {row}")
+            v = tx.schema_version()
+        if v is None or int(v) != schema.VERSION:
+            self._bad(f"schema version {v} != {schema.VERSION}")
 
     def check_tree(self) -> None:
-        rows = self.conn.execute(
-            "SELECT e.id, e.parent, e.name, e.kind, e.mode, e.blob, e.staged, p.id "
-            "FROM entries e LEFT JOIN entries p ON p.id = e.parent ORDER BY e.id")
-        for eid, parent, name, kind, mode, blob, staged, pid in rows:
+        for eid, parent, name, kind, mode, blob, staged, has_parent in self.tx.tree():
             self._tick("entries")
-            name = bytes(name)
-            if eid != 1 and pid is None:
+            if eid != 1 and not has_parent:
                 self._bad(f"entry {eid} {name!r}: parent {parent} missing")
             if staged:
                 self._staged.add(eid)
@@ -186,7 +184,7 @@ class Fsck:
 
     def check_refcounts(self) -> None:
         seen = set()
-        for bid, refcount in self.conn.execute("SELECT id, refcount FROM blobs ORDER BY id"):
+        for bid, refcount in self.tx.refcounts():
             self._tick("blobs")
             seen.add(bid)
             n = self._refs.get(bid, 0)
@@ -202,8 +200,8 @@ class Fsck:
                 self.missing_rows.add(bid)
 
     def check_blob_files(self) -> None:
-        rows = {bid: (bytes(sha), size) for bid, sha, size in self.conn.execute(
-            "SELECT id, sha256, size FROM blobs WHERE data IS NULL")}
+        with self.maint.read() as tx:
+            rows = tx.file_blobs()
         for path, sha, bid in self.blobs.walk():
             self._tick("blob files")
             row = rows.get(bid)
@@ -222,9 +220,10 @@ class Fsck:
         for bid in sorted(rows):  # file-backed rows whose file was not found
             self._bad(f"blob {bid}: file missing")
             self.lost[bid] = "file missing"
-        for bid, sha, data in self.conn.execute(
-                "SELECT id, sha256, data FROM blobs WHERE data IS NOT NULL ORDER BY id"):
-            if hashlib.sha256(data).digest() != bytes(sha):
+        with self.maint.read() as tx:
+            inline = list(tx.inline_blobs())
+        for bid, sha, data in inline:
+            if hashlib.sha256(data).digest() != sha:
                 self._bad(f"blob {bid}: inline content does not match its hash")
                 self.lost[bid] = "inline content does not match its hash"
 
@@ -264,9 +263,9 @@ class Fsck:
         fixes += self._repair_content()
         fixes += self._repair_refcounts()
         report = gc.Report()
-        gc.sweep_blob_rows(self.conn, self.blobs, self.unreferenced, report)
-        gc.sweep_blob_files(self.conn, self.orphan_files, grace, self.now_ns, report)
-        gc.sweep_staging(self.conn, self.staging, self.orphan_staging, grace, self.now_ns,
+        gc.sweep_blob_rows(self.maint, self.blobs, self.unreferenced, report)
+        gc.sweep_blob_files(self.maint, self.orphan_files, grace, self.now_ns, report)
+        gc.sweep_staging(self.maint, self.staging, self.orphan_staging, grace, self.now_ns,
                          report)
         fixes += report.lines
         if report.young:
@@ -277,7 +276,7 @@ class Fsck:
     def _repair_content(self) -> list[str]:
         if not (self.lost or self.missing_rows or self.no_content):
             return []
-        c = self.conn
+        c = self.tx
         now = time.time_ns()
         fixes: list[str] = []
         keep: list[tuple[str, bytes | None, str]] = []  # (what to keep, inline data, name)
@@ -285,28 +284,25 @@ class Fsck:
 
         def empty_blob() -> int:
             if not empty:
-                row = c.execute("SELECT id, data FROM blobs WHERE sha256=?",
-                                (EMPTY_SHA256,)).fetchone()
+                row = c.blob_id_by_sha(EMPTY_SHA256)
                 if row is None:
-                    bid = c.execute("INSERT INTO blobs (sha256, size, refcount, data) "
-                                    "VALUES (?, 0, 0, X'')", (EMPTY_SHA256,)).lastrowid
+                    bid = c.insert_empty_blob(EMPTY_SHA256)
                 else:
                     bid = row[0]
                     if row[1] is None or bytes(row[1]) != b"":
-                        c.execute("UPDATE blobs SET data=X'', size=0 WHERE id=?", (bid,))
-                empty.append(int(bid))  # type: ignore[arg-type]  # lastrowid is set after an INSERT
+                        c.make_blob_empty(bid)
+                empty.append(bid)
             return empty[0]
 
-        with gc.write_tx(c):
+        with self.maint.write():
             for bid in sorted(self.lost):
-                row = c.execute("SELECT sha256, size, data FROM blobs WHERE id=?",
-                                (bid,)).fetchone()
+                row = c.blob_content(bid)
                 if row is None:
                     continue  # gone meanwhile (its last reference went)
-                sha, size, data = bytes(row[0]), row[1], row[2]
+                sha, size, data = row
                 path = self.blobs.path(sha, bid)
                 if sha == EMPTY_SHA256:  # the empty content: known without a copy
-                    c.execute("UPDATE blobs SET data=X'', size=0 WHERE id=?", (bid,))
+                    c.make_blob_empty(bid)
                     fixes.append(f"blob {bid}: the empty content restored")
                     continue
                 if data is None:
@@ -318,8 +314,8 @@ class Fsck:
                 if problem is None:
                     continue
                 what = f"blob {bid} (sha256 {sha.hex()[:16]}..., {size} bytes): {problem}"
-                fixes += self._lose("m.blob = ?", (bid,), what, empty_blob, now)
-                c.execute("DELETE FROM blobs WHERE id=?", (bid,))
+                fixes += self._lose(c.holders(blob_id=bid), what, empty_blob, now)
+                c.delete_blob(bid)
                 fixes.append(f"deleted damaged blob {bid}")
                 if data is not None:
                     keep.append(("", bytes(data), f"{sha.hex()}.{bid}"))
@@ -327,9 +323,9 @@ class Fsck:
                     keep.append((path, None, f"{sha.hex()}.{bid}"))
 
             for bid in sorted(self.missing_rows):
-                if c.execute("SELECT 1 FROM blobs WHERE id=?", (bid,)).fetchone():
+                if c.blob_exists(bid):
                     continue
-                n = c.execute("SELECT COUNT(*) FROM entries WHERE blob=?", (bid,)).fetchone()[0]
+                n = c.references(bid)
                 if n == 0:
                     continue
                 fix = self._rebuild_row(bid, n)
@@ -337,10 +333,10 @@ class Fsck:
                     fixes.append(fix)
                     continue
                 what = f"blob {bid} is missing from the store"
-                fixes += self._lose("m.blob = ?", (bid,), what, empty_blob, now)
+                fixes += self._lose(c.holders(blob_id=bid), what, empty_blob, now)
 
             for eid in sorted(self.no_content):
-                fixes += self._lose("m.id = ? AND m.blob IS NULL AND m.staged = 0", (eid,),
+                fixes += self._lose(c.holders(entry_id=eid),
                                     "it had neither a blob nor an upload", empty_blob, now)
         for path, data, name in keep:  # after the commit: the row is gone, its id never reused
             fixes.append(self._keep(path, data, name))
@@ -357,31 +353,24 @@ class Fsck:
         if res is None or res[0] != sha:
             return None
         size = res[1]
-        c = self.conn
-        other = c.execute("SELECT id FROM blobs WHERE sha256=?", (sha,)).fetchone()
+        c = self.tx
+        other = c.blob_id_by_sha(sha)
         if other is not None:
-            c.execute("UPDATE entries SET blob=? WHERE blob=?", (other[0], bid))
-            c.execute("UPDATE blobs SET refcount=refcount+? WHERE id=?", (refs, other[0]))
+            c.repoint(bid, other[0], refs)
             return (f"blob {bid} was missing: its {refs} message(s) now share blob {other[0]}, "
                     "which holds the same content")
-        c.execute("INSERT INTO blobs (id, sha256, size, refcount, data) VALUES (?, ?, ?, ?, NULL)",
-                  (bid, sha, size, refs))
+        c.rebuild_file_blob(bid, sha, size, refs)
         return f"blob {bid} was missing: rebuilt from its file {path} ({refs} message(s))"
 
-    def _lose(self, where: str, args: tuple[object, ...], what: str,
+    def _lose(self, rows: list[tuple[int, str, bytes]], what: str,
               empty_blob: Callable[[], int], now: int) -> list[str]:
-        """Inside the write transaction: every row matching ``where`` lost its content. It gets
-        the empty blob, and its message (a batch, for a file in one) goes to its queue's
-        ``error/`` with the reason."""
-        c = self.conn
-        rows = c.execute(
-            "SELECT m.id, m.kind, m.name FROM entries m WHERE m.kind IN ('message', 'member') "
-            f"AND {where} ORDER BY m.id", args).fetchall()
+        """Inside the write transaction: every one of ``rows`` (id, kind, name of a message or
+        a file in a batch) lost its content. It gets the empty blob, and its message (a batch,
+        for a file in one) goes to its queue's ``error/`` with the reason."""
         fixes = []
         for eid, kind, name in rows:
             bid = empty_blob()
-            c.execute("UPDATE entries SET blob=?, staged=0, size=0 WHERE id=?", (bid, eid))
-            c.execute("UPDATE blobs SET refcount=refcount+1 WHERE id=?", (bid,))
+            self.tx.give_blob(eid, bid)
             if kind == "message":
                 fixes.append(self._to_error(eid, f"content lost: {what}", now))
                 continue
@@ -399,65 +388,53 @@ class Fsck:
         parts: list[bytes] = []
         eid: int | None = member
         while eid is not None:
-            row = self.conn.execute("SELECT kind, parent, name FROM entries WHERE id=?",
-                                    (eid,)).fetchone()
+            row = self.tx.link(eid)
             if row is None:
                 return None, b"/".join(reversed(parts))
             if row[0] == "message":
                 return eid, b"/".join(reversed(parts))
             if row[0] != "member":
                 return None, b"/".join(reversed(parts))
-            parts.append(bytes(row[2]))
+            parts.append(row[2])
             eid = row[1]
         return None, b"/".join(reversed(parts))
 
     def _to_error(self, eid: int, reason: str, now: int) -> str:
         """Move message ``eid`` to its queue's ``error/`` (a free name there; nothing is
         replaced) with ``reason``; a second loss in the same repair adds to the reason."""
-        c = self.conn
-        parent, name, queue, state, consumer, error = c.execute(
-            "SELECT parent, name, queue, state, consumer, error FROM entries WHERE id=?",
-            (eid,)).fetchone()
-        name = bytes(name)
+        c = self.tx
+        parent, name, queue, state, consumer, error = c.place(eid)
         if eid in self._moved:
-            reason = f"{bytes(error).decode(errors='replace')}; {reason}"
-            c.execute("UPDATE entries SET error=? WHERE id=?", (reason.encode(), eid))
+            reason = f"{bytes(error or b'').decode(errors='replace')}; {reason}"
+            c.set_error(eid, reason.encode())
             return f"message {eid} {_show(name)}: {reason}"
         self._moved.add(eid)
-        err = c.execute("SELECT id FROM entries WHERE parent=? AND name=? AND kind='state'",
-                        (queue, b"error")).fetchone()
-        target = parent if err is None else err[0]
+        err = c.state_dir(queue, b"error")
+        target = parent if err is None else err
         new_name = name if target == parent else self._free_name(target, name)
         new_state = "error" if err is not None else state
-        c.execute("UPDATE entries SET parent=?, name=?, state=?, consumer=NULL, lease_ns=NULL, "
-                  "retry_ns=NULL, finished_ns=?, ctime_ns=?, error=?, hidden=0 WHERE id=?",
-                  (target, new_name, new_state, now, now, reason.encode(), eid))
+        c.move_failed(eid, target, new_name, new_state, now, reason.encode())
         src = f"{state}/{consumer}" if consumer else state
-        c.execute("INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
-                  "VALUES (?, ?, 'repair', ?, ?, NULL, ?, ?)",
-                  (eid, now, src, new_state, os.getpid(), reason))
+        c.add_repair(eid, now, src, new_state, os.getpid(), reason)
         where_to = (f"moved to error/ as {_show(new_name)}" if err is not None
                     else "left in place (its queue has no error/ directory)")
         return f"message {eid} {_show(name)} ({src}): {reason}; {where_to}"
 
     def _free_name(self, parent: int, name: bytes) -> bytes:
         """``name``, or ``name.~N~`` when it is taken (never replace anything)."""
-        taken = self.conn.execute
-        if taken("SELECT 1 FROM entries WHERE parent=? AND name=?", (parent, name)).fetchone() \
-                is None:
+        if not self.tx.name_taken(parent, name):
             return name
         n = 1
         while True:
             suffix = b".~%d~" % n
             candidate = name[:NAME_MAX - len(suffix)] + suffix
-            if taken("SELECT 1 FROM entries WHERE parent=? AND name=?",
-                     (parent, candidate)).fetchone() is None:
+            if not self.tx.name_taken(parent, candidate):
                 return candidate
             n += 1
 
     def _keep(self, path: str, data: bytes | None, name: str) -> str:
         """Keep what is left of damaged content in ``STORE/lost+found/``."""
-        d = os.path.join(self.store_dir, LOST_AND_FOUND)
+        d = self.layout.lost_found
         try:
             os.makedirs(d, DIR_MODE, exist_ok=True)
             dst = os.path.join(d, name)
@@ -478,15 +455,13 @@ class Fsck:
     def _repair_refcounts(self) -> list[str]:
         if not self.bad_refcounts:
             return []
-        c = self.conn
         fixes = []
-        with gc.write_tx(c):
+        with self.maint.write() as c:
             for bid in sorted(self.bad_refcounts):
-                row = c.execute("SELECT refcount, (SELECT COUNT(*) FROM entries WHERE blob=?) "
-                                "FROM blobs WHERE id=?", (bid, bid)).fetchone()
+                row = c.refcount_and_references(bid)
                 if row is None or row[0] == row[1]:
                     continue
-                c.execute("UPDATE blobs SET refcount=? WHERE id=?", (row[1], bid))
+                c.set_refcount(bid, row[1])
                 fixes.append(f"blob {bid}: refcount {row[0]} corrected to {row[1]}")
                 if row[1] == 0:
                     self.unreferenced.add(bid)

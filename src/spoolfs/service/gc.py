@@ -12,7 +12,7 @@ Three kinds of garbage:
 **Mark**: a read of the store (no lock) and a walk of the directories find candidates; a file is
 a candidate only once it is older than the grace period (its ``ctime``: placing a blob file is a
 ``link``, which sets it, while its ``mtime`` is the upload's last write). **Sweep**: under the
-store's write lock (``BEGIN IMMEDIATE`` on a connection of our own), each candidate is checked
+store's write lock (``Maintenance.write()``: a connection of our own), each candidate is checked
 again and removed only if it is still garbage. A daemon places a blob file or creates a staging
 file inside the write transaction that names it, so while we hold the lock no file is between
 being created and being named. Orphan files are therefore unlinked *before* we give the lock up
@@ -22,22 +22,21 @@ a later blob with the same content has a file of another name.
 
 ``collect`` is used by ``spoolfs gc`` and by ``periodic``, a daemon's background collection (a
 trio task); ``fsck --repair`` uses the sweeps too. A "message" here is any row that holds content,
-files in a batch included. Everything here talks SQL to its own ``sqlite3`` connection.
+files in a batch included. The store's queries come from its ``Maintenance`` interface.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from spoolfs.blobs import BlobDir, StagingDir
-from spoolfs.store.reserve import Reserve
-from spoolfs.store.sqlite import raise_if_full
+from spoolfs.core.errors import StoreFailure
+from spoolfs.store.base import Maintenance
+from spoolfs.store.registry import open_maintenance, store_layout
 
 log = logging.getLogger(__name__)
 
@@ -46,50 +45,6 @@ NS = 1_000_000_000
 GRACE_NS = 600 * NS
 #: How often a daemon's background collection runs.
 INTERVAL_S = 600.0
-BUSY_TIMEOUT_MS = 30_000
-
-
-def connect(store_dir: str) -> sqlite3.Connection:
-    """Our own connection to ``STORE/meta.db`` (never creates a store)."""
-    path = os.path.join(store_dir, "meta.db")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{store_dir} is not a spoolfs store (no meta.db)")
-    reserve = Reserve(store_dir)
-    reserve.release_if_low()  # on a full disk, room to open the log and its index
-    conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None,
-                           check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
-    try:
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA schema_version").fetchone()  # opens the log now: errors here
-    except sqlite3.Error as e:
-        conn.close()
-        raise_if_full(e, reserve)
-        raise
-    return conn
-
-
-@contextmanager
-def write_tx(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction holding the store's write lock: no daemon commits meanwhile."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-@contextmanager
-def read_tx(conn: sqlite3.Connection) -> Iterator[None]:
-    """One consistent snapshot for several queries (takes no write lock)."""
-    conn.execute("BEGIN")
-    try:
-        yield
-    finally:
-        conn.execute("COMMIT")
 
 
 @dataclass
@@ -127,18 +82,10 @@ def _old_enough(path: str, grace_ns: int, now_ns: int) -> os.stat_result | None:
     return st if _age_ns(st, now_ns) >= grace_ns else None
 
 
-def _names_live_blob(conn: sqlite3.Connection, sha: bytes, bid: int) -> bool:
-    """Whether blob file ``<sha>.<bid>`` is the file of a blob row."""
-    if bid < 0:
-        return False
-    row = conn.execute("SELECT sha256, data IS NULL FROM blobs WHERE id=?", (bid,)).fetchone()
-    return row is not None and bytes(row[0]) == sha and bool(row[1])
-
-
 # --------------------------------------------------------------------------- sweeps
 
 
-def sweep_blob_rows(conn: sqlite3.Connection, blobs: BlobDir, candidates: Iterable[int],
+def sweep_blob_rows(maint: Maintenance, blobs: BlobDir, candidates: Iterable[int],
                     report: Report) -> None:
     """Delete blob rows that no message references (checked again under the lock), then their
     files."""
@@ -146,16 +93,12 @@ def sweep_blob_rows(conn: sqlite3.Connection, blobs: BlobDir, candidates: Iterab
     if not ids:
         return
     gone: list[tuple[bytes, int]] = []
-    with write_tx(conn):
+    with maint.write() as tx:
         for bid in ids:
-            row = conn.execute("SELECT sha256, size, refcount, data IS NULL FROM blobs "
-                               "WHERE id=?", (bid,)).fetchone()
+            row = tx.delete_unreferenced_blob(bid)
             if row is None:
                 continue
-            if conn.execute("SELECT 1 FROM entries WHERE blob=? LIMIT 1", (bid,)).fetchone():
-                continue
-            sha, size, refcount, in_file = bytes(row[0]), row[1], row[2], bool(row[3])
-            conn.execute("DELETE FROM blobs WHERE id=?", (bid,))
+            sha, size, refcount, in_file = row
             if in_file:
                 gone.append((sha, bid))
             report.blob_rows += 1
@@ -186,32 +129,31 @@ def _remove_old(path: str, grace_ns: int, now_ns: int, report: Report, what: str
     return True
 
 
-def sweep_blob_files(conn: sqlite3.Connection, candidates: Iterable[tuple[str, bytes, int]],
+def sweep_blob_files(maint: Maintenance, candidates: Iterable[tuple[str, bytes, int]],
                      grace_ns: int, now_ns: int, report: Report) -> None:
     """Remove blob files that no row names and that are older than the grace period, while
     holding the write lock."""
     files = list(candidates)
     if not files:
         return
-    with write_tx(conn):
+    with maint.write() as tx:
         for path, sha, bid in files:
-            if _names_live_blob(conn, sha, bid):
+            if tx.names_blob_file(sha, bid):
                 continue
             if _remove_old(path, grace_ns, now_ns, report, "blob file"):
                 report.blob_files += 1
 
 
-def sweep_staging(conn: sqlite3.Connection, staging: StagingDir, candidates: Iterable[int],
+def sweep_staging(maint: Maintenance, staging: StagingDir, candidates: Iterable[int],
                   grace_ns: int, now_ns: int, report: Report) -> None:
     """Remove staging files without a staged message, older than the grace period, while
     holding the write lock."""
     ids = sorted(set(candidates))
     if not ids:
         return
-    with write_tx(conn):
+    with maint.write() as tx:
         for sid in ids:
-            row = conn.execute("SELECT staged FROM entries WHERE id=?", (sid,)).fetchone()
-            if row is not None and row[0]:
+            if tx.is_staged(sid):
                 continue
             if _remove_old(staging.path(sid), grace_ns, now_ns, report, "staging file"):
                 report.staging_files += 1
@@ -224,19 +166,17 @@ def collect(store_dir: str, grace_ns: int = GRACE_NS, now_ns: int | None = None)
     """Mark, then sweep (one short write transaction per kind of garbage). Safe while daemons
     have the store mounted."""
     now = time.time_ns() if now_ns is None else now_ns
-    blobs = BlobDir(os.path.join(store_dir, "blobs"))
-    staging = StagingDir(os.path.join(store_dir, "staging"))
+    layout = store_layout(store_dir)
+    blobs = BlobDir(layout.blobs)
+    staging = StagingDir(layout.staging)
     report = Report()
-    conn = connect(store_dir)
+    maint = open_maintenance(store_dir)
     try:
         # mark: what the committed store says, then what the directories hold
-        with read_tx(conn):
-            files_of = {int(i): bytes(s) for i, s in
-                        conn.execute("SELECT id, sha256 FROM blobs WHERE data IS NULL")}
-            unreferenced = [int(i) for (i,) in conn.execute(
-                "SELECT id FROM blobs b WHERE NOT EXISTS "
-                "(SELECT 1 FROM entries e WHERE e.blob = b.id)")]
-            staged = {int(i) for (i,) in conn.execute("SELECT id FROM entries WHERE staged=1")}
+        with maint.read() as tx:
+            files_of = tx.blobs_in_files()
+            unreferenced = tx.unreferenced_blobs()
+            staged = tx.staged_ids()
         orphan_files = []
         for path, sha, bid in blobs.walk():
             if files_of.get(bid) == sha:
@@ -254,11 +194,11 @@ def collect(store_dir: str, grace_ns: int = GRACE_NS, now_ns: int | None = None)
                 continue
             orphan_staging.append(sid)
         # sweep: each candidate checked again under the write lock
-        sweep_blob_rows(conn, blobs, unreferenced, report)
-        sweep_blob_files(conn, orphan_files, grace_ns, now, report)
-        sweep_staging(conn, staging, orphan_staging, grace_ns, now, report)
+        sweep_blob_rows(maint, blobs, unreferenced, report)
+        sweep_blob_files(maint, orphan_files, grace_ns, now, report)
+        sweep_staging(maint, staging, orphan_staging, grace_ns, now, report)
     finally:
-        conn.close()
+        maint.close()
     return report
 
 
@@ -272,7 +212,7 @@ async def periodic(store_dir: str, interval_s: float = INTERVAL_S,
         await trio.sleep(interval_s)
         try:
             report = await trio.to_thread.run_sync(collect, store_dir, grace_ns)
-        except (OSError, sqlite3.Error) as e:
+        except (OSError, StoreFailure) as e:
             log.warning("gc: failed, trying again in %gs: %s", interval_s, e)
             continue
         except Exception:

@@ -20,6 +20,7 @@ from spoolfs.blobs import StagingDir
 from spoolfs.core.policy import DEFAULT, NS, Policy
 from spoolfs.core.rules import STATES
 from spoolfs.store.base import ReadTx
+from spoolfs.store.registry import store_layout
 
 PolicyOf = Any  # callable: queue id -> Policy
 
@@ -72,7 +73,7 @@ def snapshot(r: ReadTx, store_dir: str, policy_of: PolicyOf, now: int | None = N
             c["in_flight"] += count
             c["oldest_claim_age_s"] = age
             c["next_lease_end_s"] = None if lease is None else round((lease - now) / NS, 3)
-    staging = StagingDir(os.path.join(store_dir, "staging"))
+    staging = StagingDir(store_layout(store_dir).staging)
     for eid, qid, state in r.uploads():  # sizes of uploads are their staging files'
         if qid in queues:
             try:

@@ -8,7 +8,7 @@ message is still where the caller saw it, so no correctness depends on a process
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -241,6 +241,143 @@ class Store(abc.ABC):
         time. A failing commit raises ``StoreFailure`` and nothing is applied. With
         ``wait=False`` it never waits for another writer: it raises ``StoreBusy`` before
         running anything instead."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class GcTx(abc.ABC):
+    """The queries garbage collection needs, inside one ``Maintenance`` transaction."""
+
+    @abc.abstractmethod
+    def blobs_in_files(self) -> dict[int, bytes]:
+        """Blob id -> sha256 of every blob row whose content is a blob file."""
+
+    @abc.abstractmethod
+    def unreferenced_blobs(self) -> list[int]:
+        """Ids of blob rows that no entry references."""
+
+    @abc.abstractmethod
+    def staged_ids(self) -> set[int]:
+        """Ids of entries whose content is an upload's staging file."""
+
+    @abc.abstractmethod
+    def is_staged(self, entry_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    def names_blob_file(self, sha256: bytes, blob_id: int) -> bool:
+        """Whether blob file ``<sha256>.<blob_id>`` is the file of a blob row."""
+
+    @abc.abstractmethod
+    def delete_unreferenced_blob(self, blob_id: int) -> tuple[bytes, int, int, bool] | None:
+        """Delete the blob row if it exists and no entry references it; returns what it was
+        (sha256, size, refcount, whether its content is a file), or None if it stays."""
+
+
+class FsckTx(GcTx):
+    """What ``fsck`` checks and repairs, inside one ``Maintenance`` transaction."""
+
+    @abc.abstractmethod
+    def integrity_ok(self) -> bool: ...
+
+    @abc.abstractmethod
+    def dangling(self) -> list[tuple[Any, ...]]: ...
+
+    @abc.abstractmethod
+    def schema_version(self) -> str | None: ...
+
+    @abc.abstractmethod
+    def tree(self) -> Iterator[tuple[int, int | None, bytes, str, int, int | None, bool, bool]]:
+        """Every entry, by id: id, parent, name, kind, mode, blob, staged, parent exists."""
+
+    @abc.abstractmethod
+    def refcounts(self) -> list[tuple[int, int]]: ...
+
+    @abc.abstractmethod
+    def file_blobs(self) -> dict[int, tuple[bytes, int]]: ...
+
+    @abc.abstractmethod
+    def inline_blobs(self) -> Iterator[tuple[int, bytes, bytes]]: ...
+
+    @abc.abstractmethod
+    def blob_content(self, blob_id: int) -> tuple[bytes, int, bytes | None] | None: ...
+
+    @abc.abstractmethod
+    def blob_id_by_sha(self, sha256: bytes) -> tuple[int, bytes | None] | None: ...
+
+    @abc.abstractmethod
+    def insert_empty_blob(self, sha256: bytes) -> int: ...
+
+    @abc.abstractmethod
+    def make_blob_empty(self, blob_id: int) -> None: ...
+
+    @abc.abstractmethod
+    def delete_blob(self, blob_id: int) -> None: ...
+
+    @abc.abstractmethod
+    def blob_exists(self, blob_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    def references(self, blob_id: int) -> int: ...
+
+    @abc.abstractmethod
+    def repoint(self, old: int, new: int, refs: int) -> None: ...
+
+    @abc.abstractmethod
+    def rebuild_file_blob(self, blob_id: int, sha256: bytes, size: int, refs: int) -> None: ...
+
+    @abc.abstractmethod
+    def holders(self, blob_id: int | None = None, entry_id: int | None = None
+                ) -> list[tuple[int, str, bytes]]: ...
+
+    @abc.abstractmethod
+    def give_blob(self, entry_id: int, blob_id: int) -> None: ...
+
+    @abc.abstractmethod
+    def link(self, entry_id: int) -> tuple[str, int | None, bytes] | None: ...
+
+    @abc.abstractmethod
+    def place(self, entry_id: int) -> tuple[int, bytes, int, str, str | None, bytes | None]: ...
+
+    @abc.abstractmethod
+    def set_error(self, entry_id: int, error: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def state_dir(self, queue: int, name: bytes) -> int | None: ...
+
+    @abc.abstractmethod
+    def name_taken(self, parent: int, name: bytes) -> bool: ...
+
+    @abc.abstractmethod
+    def move_failed(self, entry_id: int, parent: int, name: bytes, state: str, now_ns: int,
+                    error: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def add_repair(self, entry_id: int, at_ns: int, src: str, dst: str, pid: int,
+                   reason: str) -> None: ...
+
+    @abc.abstractmethod
+    def refcount_and_references(self, blob_id: int) -> tuple[int, int] | None: ...
+
+    @abc.abstractmethod
+    def set_refcount(self, blob_id: int, refcount: int) -> None: ...
+
+
+class Maintenance(abc.ABC):
+    """Offline-safe access for ``gc`` and ``fsck``: a connection of their own, next to any
+    daemon that has the store mounted. ``write()`` holds the store's write lock: no daemon
+    commits meanwhile."""
+
+    #: the queries ``read()`` and ``write()`` yield; valid only inside one of them
+    tx: FsckTx
+
+    @abc.abstractmethod
+    def read(self) -> AbstractContextManager[FsckTx]:
+        """One consistent snapshot for several queries (takes no write lock)."""
+
+    @abc.abstractmethod
+    def write(self) -> AbstractContextManager[FsckTx]:
+        """One write transaction holding the store's write lock; rolled back on an error."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
+from spoolfs.blobs.layout import StoreLayout
 from spoolfs.core.errors import SpoolError, StoreFailure, StoreFull
 from spoolfs.core.rules import State
 from spoolfs.store import schema
@@ -426,7 +427,7 @@ def open_store(store_dir: str) -> SqliteStore:
     try:
         make_store_dir(store_dir)
         reserve.release_if_low()
-        db = os.path.join(store_dir, "meta.db")
+        db = StoreLayout(store_dir).meta_db
         # Made owner-only before SQLite opens it: its -wal and -shm files take its mode.
         os.close(os.open(db, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
         return SqliteStore(db, reserve)

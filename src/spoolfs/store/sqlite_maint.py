@@ -1,0 +1,237 @@
+"""Maintenance access to the embedded engine for ``gc`` and ``fsck``: its own connection to
+``STORE/meta.db`` (never creating a store), explicit snapshots and write-lock transactions.
+
+SQLite errors leave as ``StoreFailure`` (``StoreFull`` on a full disk) so that callers above
+the store name no engine."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from spoolfs.core.errors import StoreFailure
+from spoolfs.store.base import FsckTx, GcTx, Maintenance
+from spoolfs.store.reserve import Reserve
+from spoolfs.store.sqlite import BUSY_TIMEOUT_MS, raise_if_full
+
+
+class SqliteGcTx(GcTx):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def blobs_in_files(self) -> dict[int, bytes]:
+        return {int(i): bytes(s) for i, s in
+                self.conn.execute("SELECT id, sha256 FROM blobs WHERE data IS NULL")}
+
+    def unreferenced_blobs(self) -> list[int]:
+        return [int(i) for (i,) in self.conn.execute(
+            "SELECT id FROM blobs b WHERE NOT EXISTS "
+            "(SELECT 1 FROM entries e WHERE e.blob = b.id)")]
+
+    def staged_ids(self) -> set[int]:
+        return {int(i) for (i,) in self.conn.execute("SELECT id FROM entries WHERE staged=1")}
+
+    def is_staged(self, entry_id: int) -> bool:
+        row = self.conn.execute("SELECT staged FROM entries WHERE id=?", (entry_id,)).fetchone()
+        return row is not None and bool(row[0])
+
+    def names_blob_file(self, sha256: bytes, blob_id: int) -> bool:
+        if blob_id < 0:
+            return False
+        row = self.conn.execute("SELECT sha256, data IS NULL FROM blobs WHERE id=?",
+                                (blob_id,)).fetchone()
+        return row is not None and bytes(row[0]) == sha256 and bool(row[1])
+
+    def delete_unreferenced_blob(self, blob_id: int) -> tuple[bytes, int, int, bool] | None:
+        c = self.conn
+        row = c.execute("SELECT sha256, size, refcount, data IS NULL FROM blobs WHERE id=?",
+                        (blob_id,)).fetchone()
+        if row is None:
+            return None
+        if c.execute("SELECT 1 FROM entries WHERE blob=? LIMIT 1", (blob_id,)).fetchone():
+            return None
+        c.execute("DELETE FROM blobs WHERE id=?", (blob_id,))
+        return bytes(row[0]), int(row[1]), int(row[2]), bool(row[3])
+
+
+class SqliteFsckTx(SqliteGcTx, FsckTx):
+    def integrity_ok(self) -> bool:
+        return bool(self.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+
+    def dangling(self) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self.conn.execute("PRAGMA foreign_key_check")]
+
+    def schema_version(self) -> str | None:
+        v = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return None if v is None else str(v[0])
+
+    def tree(self) -> Iterator[tuple[int, int | None, bytes, str, int, int | None, bool, bool]]:
+        for eid, parent, name, kind, mode, blob, staged, pid in self.conn.execute(
+                "SELECT e.id, e.parent, e.name, e.kind, e.mode, e.blob, e.staged, p.id "
+                "FROM entries e LEFT JOIN entries p ON p.id = e.parent ORDER BY e.id"):
+            yield eid, parent, bytes(name), kind, mode, blob, bool(staged), pid is not None
+
+    def refcounts(self) -> list[tuple[int, int]]:
+        return self.conn.execute("SELECT id, refcount FROM blobs ORDER BY id").fetchall()
+
+    def file_blobs(self) -> dict[int, tuple[bytes, int]]:
+        return {bid: (bytes(sha), size) for bid, sha, size in self.conn.execute(
+            "SELECT id, sha256, size FROM blobs WHERE data IS NULL")}
+
+    def inline_blobs(self) -> Iterator[tuple[int, bytes, bytes]]:
+        for bid, sha, data in self.conn.execute(
+                "SELECT id, sha256, data FROM blobs WHERE data IS NOT NULL ORDER BY id"):
+            yield bid, bytes(sha), bytes(data)
+
+    def blob_content(self, blob_id: int) -> tuple[bytes, int, bytes | None] | None:
+        row = self.conn.execute("SELECT sha256, size, data FROM blobs WHERE id=?",
+                                (blob_id,)).fetchone()
+        return None if row is None else (bytes(row[0]), row[1], row[2])
+
+    def blob_id_by_sha(self, sha256: bytes) -> tuple[int, bytes | None] | None:
+        row = self.conn.execute("SELECT id, data FROM blobs WHERE sha256=?",
+                                (sha256,)).fetchone()
+        return None if row is None else (int(row[0]), row[1])
+
+    def insert_empty_blob(self, sha256: bytes) -> int:
+        return int(self.conn.execute("INSERT INTO blobs (sha256, size, refcount, data) "
+                                     "VALUES (?, 0, 0, X'')", (sha256,)).lastrowid or 0)
+
+    def make_blob_empty(self, blob_id: int) -> None:
+        self.conn.execute("UPDATE blobs SET data=X'', size=0 WHERE id=?", (blob_id,))
+
+    def delete_blob(self, blob_id: int) -> None:
+        self.conn.execute("DELETE FROM blobs WHERE id=?", (blob_id,))
+
+    def blob_exists(self, blob_id: int) -> bool:
+        return self.conn.execute("SELECT 1 FROM blobs WHERE id=?", (blob_id,)).fetchone() \
+            is not None
+
+    def references(self, blob_id: int) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM entries WHERE blob=?",
+                                     (blob_id,)).fetchone()[0])
+
+    def repoint(self, old: int, new: int, refs: int) -> None:
+        self.conn.execute("UPDATE entries SET blob=? WHERE blob=?", (new, old))
+        self.conn.execute("UPDATE blobs SET refcount=refcount+? WHERE id=?", (refs, new))
+
+    def rebuild_file_blob(self, blob_id: int, sha256: bytes, size: int, refs: int) -> None:
+        self.conn.execute("INSERT INTO blobs (id, sha256, size, refcount, data) "
+                          "VALUES (?, ?, ?, ?, NULL)", (blob_id, sha256, size, refs))
+
+    def holders(self, blob_id: int | None = None, entry_id: int | None = None
+                ) -> list[tuple[int, str, bytes]]:
+        where, arg = (("m.blob = ?", blob_id) if entry_id is None else
+                      ("m.id = ? AND m.blob IS NULL AND m.staged = 0", entry_id))
+        return [(eid, kind, bytes(name)) for eid, kind, name in self.conn.execute(
+            "SELECT m.id, m.kind, m.name FROM entries m WHERE m.kind IN ('message', 'member') "
+            f"AND {where} ORDER BY m.id", (arg,))]
+
+    def give_blob(self, entry_id: int, blob_id: int) -> None:
+        self.conn.execute("UPDATE entries SET blob=?, staged=0, size=0 WHERE id=?",
+                          (blob_id, entry_id))
+        self.conn.execute("UPDATE blobs SET refcount=refcount+1 WHERE id=?", (blob_id,))
+
+    def link(self, entry_id: int) -> tuple[str, int | None, bytes] | None:
+        row = self.conn.execute("SELECT kind, parent, name FROM entries WHERE id=?",
+                                (entry_id,)).fetchone()
+        return None if row is None else (row[0], row[1], bytes(row[2]))
+
+    def place(self, entry_id: int) -> tuple[int, bytes, int, str, str | None, bytes | None]:
+        parent, name, queue, state, consumer, error = self.conn.execute(
+            "SELECT parent, name, queue, state, consumer, error FROM entries WHERE id=?",
+            (entry_id,)).fetchone()
+        return parent, bytes(name), queue, state, consumer, error
+
+    def set_error(self, entry_id: int, error: bytes) -> None:
+        self.conn.execute("UPDATE entries SET error=? WHERE id=?", (error, entry_id))
+
+    def state_dir(self, queue: int, name: bytes) -> int | None:
+        row = self.conn.execute("SELECT id FROM entries WHERE parent=? AND name=? "
+                                "AND kind='state'", (queue, name)).fetchone()
+        return None if row is None else int(row[0])
+
+    def name_taken(self, parent: int, name: bytes) -> bool:
+        return self.conn.execute("SELECT 1 FROM entries WHERE parent=? AND name=?",
+                                 (parent, name)).fetchone() is not None
+
+    def move_failed(self, entry_id: int, parent: int, name: bytes, state: str, now_ns: int,
+                    error: bytes) -> None:
+        self.conn.execute(
+            "UPDATE entries SET parent=?, name=?, state=?, consumer=NULL, lease_ns=NULL, "
+            "retry_ns=NULL, finished_ns=?, ctime_ns=?, error=?, hidden=0 WHERE id=?",
+            (parent, name, state, now_ns, now_ns, error, entry_id))
+
+    def add_repair(self, entry_id: int, at_ns: int, src: str, dst: str, pid: int,
+                   reason: str) -> None:
+        self.conn.execute("INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
+                          "VALUES (?, ?, 'repair', ?, ?, NULL, ?, ?)",
+                          (entry_id, at_ns, src, dst, pid, reason))
+
+    def refcount_and_references(self, blob_id: int) -> tuple[int, int] | None:
+        row = self.conn.execute("SELECT refcount, (SELECT COUNT(*) FROM entries WHERE blob=?) "
+                                "FROM blobs WHERE id=?", (blob_id, blob_id)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    def set_refcount(self, blob_id: int, refcount: int) -> None:
+        self.conn.execute("UPDATE blobs SET refcount=? WHERE id=?", (refcount, blob_id))
+
+
+class SqliteMaintenance(Maintenance):
+    """``db`` is ``STORE/meta.db``; ``reserve`` the store directory's metadata reserve."""
+
+
+    def __init__(self, db: str, reserve: Reserve | None) -> None:
+        if reserve is not None:
+            reserve.release_if_low()  # on a full disk, room to open the log and its index
+        self.reserve = reserve
+        try:
+            self.conn = sqlite3.connect(f"file:{db}?mode=rw", uri=True, isolation_level=None,
+                                        check_same_thread=False,
+                                        timeout=BUSY_TIMEOUT_MS / 1000)
+        except sqlite3.Error as e:
+            raise StoreFailure(str(e)) from e
+        try:
+            self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self.conn.execute("PRAGMA schema_version").fetchone()  # opens the log: errors here
+        except sqlite3.Error as e:
+            self.conn.close()
+            raise_if_full(e, reserve)
+            raise StoreFailure(str(e)) from e
+        self.tx = SqliteFsckTx(self.conn)
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise_if_full(e, self.reserve)
+            raise StoreFailure(str(e)) from e
+
+    @contextmanager
+    def read(self) -> Iterator[FsckTx]:
+        with self._failures():
+            self.conn.execute("BEGIN")
+            try:
+                yield self.tx
+            finally:
+                self.conn.execute("COMMIT")
+
+    @contextmanager
+    def write(self) -> Iterator[FsckTx]:
+        with self._failures():
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.tx
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
