@@ -122,25 +122,34 @@ def test_atime_is_kept_apart_from_mtime(q: Queue, where: str) -> None:
     assert (st.st_atime_ns, st.st_mtime_ns) == (T * 10**9, mtime)
 
 
-def test_ctime_moves_on_write_truncate_and_o_trunc(q: Queue) -> None:
+def _tick_past(ctime_ns: int, probe: Path) -> None:
+    """Wait until the kernel's file clock (coarse: a few ms a tick) has passed ``ctime_ns``,
+    shown by a probe file's change time, so that the next change must show a later one."""
+    while True:
+        os.utime(probe)
+        if os.stat(probe).st_ctime_ns > ctime_ns:
+            return
+
+
+def test_ctime_moves_on_write_truncate_and_o_trunc(q: Queue, tmp_path: Path) -> None:
     path = q.partial / "f"
+    probe = tmp_path / "probe"
+    probe.touch()
+    changes = [("write", lambda fd: os.write(fd, b"more")),
+               ("ftruncate", lambda fd: os.ftruncate(fd, 1)),
+               ("truncate", lambda fd: os.truncate(path, 0)),
+               ("O_TRUNC", lambda fd: os.close(os.open(path, os.O_WRONLY | os.O_TRUNC)))]
     fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
     try:
-        steps = []
         before = os.fstat(fd).st_ctime_ns
-        os.write(fd, b"more")
-        steps.append(("write", os.stat(path).st_ctime_ns))
-        os.ftruncate(fd, 1)
-        steps.append(("ftruncate", os.stat(path).st_ctime_ns))
+        for what, change in changes:
+            _tick_past(before, probe)
+            change(fd)
+            ctime = os.stat(path).st_ctime_ns
+            assert ctime > before, f"ctime did not move on {what}"
+            before = ctime
     finally:
         os.close(fd)
-    os.truncate(path, 0)
-    steps.append(("truncate", os.stat(path).st_ctime_ns))
-    os.close(os.open(path, os.O_WRONLY | os.O_TRUNC))
-    steps.append(("O_TRUNC", os.stat(path).st_ctime_ns))
-    for what, ctime in steps:
-        assert ctime > before, f"ctime did not move on {what}"
-        before = ctime
 
 
 def test_a_file_and_a_batch_never_replace_each_other_in_partial(q: Queue) -> None:
