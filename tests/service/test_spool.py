@@ -122,3 +122,33 @@ async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -
     assert spool.listdir(q[State.READY]) == []
     store.close()
     assert Fsck(str(tmp_path)).run() == []
+
+
+async def test_recovery_by_another_daemon_never_takes_an_upload_being_created(
+        tmp_path: Path) -> None:
+    """A second daemon's recovery may run the moment a new upload's row commits: the upload's
+    staging file must already be held then, or a live ``cp`` into ready/ lands in partial/."""
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    qe = await spool.mkdir(1, b"q", 0o755, WHO)
+    q = Q(spool, qe.id)
+    other_store = open_store(str(tmp_path))
+    other = Spool(other_store, str(tmp_path))
+    submit = spool.committer.submit
+    recovered: list[dict[str, int]] = []
+
+    async def then_recover(fn, durable=True):  # type: ignore[no-untyped-def]
+        value = await submit(fn, durable)
+        recovered.append(recover(other))  # right after the commit, before create() returns
+        return value
+
+    spool.committer.submit = then_recover  # type: ignore[method-assign]
+    e, h = await spool.create(q[State.READY], b"x", 0o644, WHO)
+    spool.committer.submit = submit  # type: ignore[method-assign]
+    assert recovered and recovered[0]["uploads_to_partial"] == 0
+    spool.write(h, 0, b"whole")
+    await spool.close(h, WHO)
+    assert spool.lookup(q[State.READY], b"x").size == 5
+    other_store.close()
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []

@@ -115,6 +115,18 @@ class Content:
             raise StoreFailure(f"blob file of message {entry.id}: {e}") from e
         return Handle(entry.id, fd, None, False)
 
+    def new_upload(self, entry_id: int) -> Handle:
+        """The empty staging file of a new upload, created and held for writing. Called in
+        the transaction that inserts the upload's row, so that from the moment the row is
+        committed another daemon's recovery finds it in use (never a crash leftover)."""
+        try:
+            self.staging.create(entry_id)
+            fd = self.staging.open(entry_id)
+        except OSError as e:
+            raise staging_error(e, f"staging file of {entry_id}") from e
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return Handle(entry_id, fd, None, True, sealed=False)
+
     def seal(self, entry_id: int) -> Sealed:
         """Hash and fsync an upload's staging file (blocking: run off the event loop for big
         files). The file stays where it is until the transaction that attaches it commits."""

@@ -346,17 +346,24 @@ class Spool:
                           **fields: Any) -> tuple[Entry, Handle]:
         """The row and the empty staging file of a new upload in ``d``, opened for writing."""
         fields.setdefault("ctime_ns", now)
+        made: list[Handle] = []
+
         def fn(tx: WriteTx) -> Entry:
             if tx.lookup(d.id, name) is not None:
                 raise Exists()
             e = tx.insert(parent=d.id, name=name, staged=1, mode=stat.S_IFREG | (mode & 0o7777),
                           uid=who.uid, gid=inherit(d, who.gid, mode, is_dir=False)[0],
                           mtime_ns=now, created_ns=now, **fields)
-            self.content.staging.create(e.id)
+            made.append(self.content.new_upload(e.id))  # held before the row commits
             return e
 
-        e = await self.tx(fn, durable=False)
-        return e, self._open_handle(e, writable=True, who=who)
+        try:
+            e = await self.tx(fn, durable=False)
+        except BaseException:
+            for h in made:  # rolled back: the file names no row (recovery removes it)
+                h.close()
+            raise
+        return e, self._open_handle(e, writable=True, who=who, handle=made[-1])
 
     async def _create_member(self, d: Entry, name: bytes, mode: int, who: Who
                              ) -> tuple[Entry, Handle]:
@@ -367,8 +374,9 @@ class Spool:
         return await self._new_upload(d, name, mode, who, self.clock(), kind=MEMBER,
                                       queue=root.queue)
 
-    def _open_handle(self, e: Entry, writable: bool, who: Who) -> Handle:
-        h = self.content.open(self.r, e, writable)
+    def _open_handle(self, e: Entry, writable: bool, who: Who, handle: Handle | None = None
+                     ) -> Handle:
+        h = handle if handle is not None else self.content.open(self.r, e, writable)
         h.opener = who.pid
         h.queue = e.queue
         if e.kind == MEMBER:
