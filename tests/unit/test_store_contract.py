@@ -156,3 +156,11 @@ def test_visible_names_coming_and_going_stamp_their_directories(store: Store) ->
     assert stamps() == before, "attributes of a name are not the directory's business"
     one(store, lambda tx: tx.delete(e.id))
     assert stamps()[1] > before[1]
+
+
+def test_store_settings(store: Store) -> None:
+    assert store.reader().meta("blobs") is None
+    one(store, lambda tx: tx.set_meta("blobs", "s3://bucket/prefix"))
+    assert store.reader().meta("blobs") == "s3://bucket/prefix"
+    one(store, lambda tx: tx.set_meta("blobs", "/shared/dir"))
+    assert store.reader().meta("blobs") == "/shared/dir"

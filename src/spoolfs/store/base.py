@@ -151,6 +151,11 @@ class ReadTx(abc.ABC):
         """Stored policy values of every queue: queue id -> key -> canonical text."""
 
     @abc.abstractmethod
+    def meta(self, key: str) -> str | None:
+        """A setting of the store itself (``schema_version``, ``blobs``: where content is
+        kept); None when unset."""
+
+    @abc.abstractmethod
     def all_entries(self) -> list[Entry]: ...
 
     @abc.abstractmethod
@@ -181,6 +186,9 @@ class WriteTx(ReadTx):
     @abc.abstractmethod
     def set_policy(self, queue: int, values: dict[str, str | None]) -> None:
         """Store policy values of a queue; ``None`` removes a key (back to its default)."""
+
+    @abc.abstractmethod
+    def set_meta(self, key: str, value: str) -> None: ...
 
     @abc.abstractmethod
     def drop_history(self, entry_id: int) -> None: ...

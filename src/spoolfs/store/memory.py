@@ -34,6 +34,7 @@ class _State:
     xattrs: dict[int, dict[bytes, bytes]] = field(default_factory=dict)
     history: list[tuple[int, tuple[Any, ...]]] = field(default_factory=list)
     policies: dict[int, dict[str, str]] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
     next_entry: int = 1
     next_blob: int = 1
 
@@ -139,6 +140,9 @@ class MemoryRead(ReadTx):
     def policies(self) -> dict[int, dict[str, str]]:
         return {q: dict(v) for q, v in self.s.policies.items() if v}
 
+    def meta(self, key: str) -> str | None:
+        return self.s.meta.get(key)
+
     def all_entries(self) -> list[Entry]:
         return [self._entry(r) for r in self._where(lambda r: True)]
 
@@ -241,6 +245,9 @@ class MemoryWrite(MemoryRead, WriteTx):
                 p.pop(key, None)
             else:
                 p[key] = value
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.s.meta[key] = value
 
     def drop_history(self, entry_id: int) -> None:
         self.s.history = [h for h in self.s.history if h[0] != entry_id]

@@ -154,6 +154,10 @@ class SqliteRead(ReadTx):
             out.setdefault(queue, {})[key] = value
         return out
 
+    def meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
     def all_entries(self) -> list[Entry]:
         return [Entry.from_row(r) for r in self.conn.execute(f"{_SEL} ORDER BY e.id")]
 
@@ -237,6 +241,9 @@ class SqliteWrite(SqliteRead, WriteTx):
             else:
                 self.conn.execute("INSERT OR REPLACE INTO policies (queue, key, value) "
                                   "VALUES (?, ?, ?)", (queue, key, value))
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def drop_history(self, entry_id: int) -> None:
         self.conn.execute("DELETE FROM history WHERE entry=?", (entry_id,))
