@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.mounts import Mount, MountFactory, fuse_problems
+from helpers.pgserver import PgServer
 from helpers.procs import Procs, become_subreaper
 from helpers.queues import Queue
 
@@ -172,3 +173,19 @@ def procs() -> Iterator[Procs]:
     ps = Procs()
     yield ps
     ps.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One PostgreSQL server for the session, started on first use (about 1.5 s)."""
+    server = PgServer().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    """The URL of a fresh, empty database on the session's server."""
+    return pg_server.new_database()

@@ -14,12 +14,16 @@ from spoolfs.store.base import Store, WriteTx
 from spoolfs.store.registry import open_store
 from spoolfs.store.sqlite import SqliteStore
 
-ENGINES = ["sqlite", "memory"]
+ENGINES = ["sqlite", "memory", "postgresql"]
 
 
 @pytest.fixture(params=ENGINES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s = open_store(str(tmp_path / "s") if request.param == "sqlite" else "memory:")
+    if request.param == "postgresql":
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = str(tmp_path / "s") if request.param == "sqlite" else "memory:"
+    s = open_store(url)
     yield s
     s.close()
 

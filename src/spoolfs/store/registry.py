@@ -95,3 +95,20 @@ def _open_memory(rest: str) -> Store:
 
 register("", Engine(_open_sqlite, _maintain_sqlite))
 register("memory", Engine(_open_memory))
+
+
+def _open_postgres(rest: str) -> Store:
+    from spoolfs.store.postgres import open_store as open_pg
+
+    return open_pg("postgresql:" + rest)
+
+
+def _maintain_postgres(rest: str) -> Maintenance:
+    from spoolfs.store.pg_maint import open_maintenance as maintain_pg
+
+    return maintain_pg("postgresql:" + rest)
+
+
+# libpq names both schemes; the URL goes to libpq whole (password from ~/.pgpass, PGPASSWORD)
+register("postgresql", Engine(_open_postgres, _maintain_postgres))
+register("postgres", Engine(_open_postgres, _maintain_postgres))

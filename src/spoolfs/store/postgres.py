@@ -1,0 +1,655 @@
+"""The PostgreSQL engine: one database shared by every host that mounts the spool.
+
+psycopg 3's synchronous API (its asynchronous one needs asyncio, not trio): write batches run
+in worker threads (``blocking``: the committer never runs them on the event loop), each one
+transaction on a connection of the pool, so a cancelled caller never leaves one open.
+
+- Every function of a batch runs in a savepoint; a function that fails rolls back alone. A
+  function that loses a deadlock or a lock wait to another host is run again (a few times),
+  since its savepoint released what it held; the others keep their work.
+- Moves are compare-and-set (``UPDATE … WHERE id AND parent AND name``): under READ COMMITTED
+  a second mover waits for the first to commit, then finds the row moved and changes nothing.
+- ``durable=True`` commits with ``synchronous_commit=on``; uploads in progress may skip the
+  wait for the log flush.
+- Each transaction that changes what ``ls``/``stat``/``getfattr`` show appends to ``changes``
+  under a transaction-level advisory lock taken just before its commit, so sequence order is
+  commit order and a follower reading "after N" never skips a late commit; one NOTIFY per
+  commit wakes the followers (store/pg_schema.py, service/follower.py).
+- The connection settings bound every wait: connect_timeout, statement_timeout, lock_timeout
+  and TCP keepalives; a lost server is ``StoreFailure`` (EIO) in one line, and the pool
+  reconnects by itself when it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+import psycopg
+import psycopg.errors
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from spoolfs.core.errors import SpoolError, StoreFailure
+from spoolfs.core.rules import State
+from spoolfs.store import pg_schema as schema
+from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, WriteTx
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5
+STATEMENT_TIMEOUT_MS = 30_000
+LOCK_TIMEOUT_MS = 10_000
+#: a transaction left open by a daemon that vanished holds its row locks at most this long
+IDLE_IN_TX_TIMEOUT_MS = 60_000
+RETRIES = 5  # runs of a function that keeps losing deadlocks before it fails
+POOL_MAX = 4
+CHANGES_PAGE = 1000
+
+#: libpq settings every connection gets (a URL may override them)
+CONNECT_KWARGS: dict[str, Any] = {
+    "connect_timeout": CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+    "application_name": "spoolfs",
+}
+SESSION = (f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
+           f"SET lock_timeout = {LOCK_TIMEOUT_MS}; "
+           f"SET idle_in_transaction_session_timeout = {IDLE_IN_TX_TIMEOUT_MS}")
+
+_COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
+_SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
+_BLOB = "SELECT id, sha256, size, refcount, data FROM blobs"
+#: errors that mean another transaction was in the way, not that the function is wrong
+_LOST = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+class IntegrityError(ValueError):
+    """A constraint of the schema refused a change: the function's changes roll back."""
+
+
+def unavailable(e: BaseException) -> StoreFailure:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return StoreFailure(f"database unavailable: {first}")
+
+
+def _value(v: Any) -> Any:
+    if isinstance(v, State):
+        return v.value
+    if isinstance(v, bool):
+        return int(v)
+    return v
+
+
+def _blob(row: Sequence[Any] | None) -> Blob | None:
+    if row is None:
+        return None
+    b = Blob(*row)
+    b.sha256 = bytes(b.sha256)
+    b.data = bytes(b.data) if b.data is not None else None
+    return b
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    seq: int
+    entry_id: int
+    parent: int | None
+    name: bytes | None
+    old_parent: int | None
+    old_name: bytes | None
+    origin: str
+
+
+class PgRead(ReadTx):
+    def __init__(self, run: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]) -> None:
+        self._run = run
+
+    def q(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._run(query, params)
+
+    def q1(self, query: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        rows = self._run(query, params)
+        return rows[0] if rows else None
+
+    def _entries(self, query: str, params: Sequence[Any] = ()) -> list[Entry]:
+        return [Entry.from_row(r) for r in self.q(query, params)]
+
+    def get(self, entry_id: int) -> Entry | None:
+        row = self.q1(f"{_SEL} WHERE e.id=%s", (entry_id,))
+        return Entry.from_row(row) if row else None
+
+    def lookup(self, parent: int, name: bytes) -> Entry | None:
+        row = self.q1(f"{_SEL} WHERE e.parent=%s AND e.name=%s", (parent, name))
+        return Entry.from_row(row) if row else None
+
+    def children(self, parent: int) -> list[Entry]:
+        return self._entries(f"{_SEL} WHERE e.parent=%s ORDER BY e.id", (parent,))
+
+    def has_children(self, parent: int) -> bool:
+        return self.q1("SELECT 1 FROM entries WHERE parent=%s LIMIT 1", (parent,)) is not None
+
+    def subdirs(self, parent: int) -> int:
+        row = self.q1("SELECT COUNT(*) FROM entries WHERE parent=%s AND hidden=0 "
+                      "AND (mode & 61440)=16384", (parent,))  # S_IFMT / S_IFDIR
+        return int(row[0]) if row else 0
+
+    def blob(self, blob_id: int) -> Blob | None:
+        return _blob(self.q1(f"{_BLOB} WHERE id=%s", (blob_id,)))
+
+    def xattrs(self, entry_id: int) -> dict[bytes, bytes]:
+        return {bytes(n): bytes(v) for n, v in
+                self.q("SELECT name, value FROM xattrs WHERE entry=%s", (entry_id,))}
+
+    def history(self, entry_id: int) -> list[tuple[Any, ...]]:
+        return self.q("SELECT at_ns, action, src, dst, uid, pid, reason FROM history "
+                      "WHERE entry=%s ORDER BY id", (entry_id,))
+
+    def due_leases(self, now_ns: int, limit: int) -> list[Entry]:
+        return self._entries(f"{_SEL} WHERE e.lease_ns IS NOT NULL AND e.lease_ns <= %s "
+                             "ORDER BY e.lease_ns LIMIT %s", (now_ns, limit))
+
+    def due_retries(self, now_ns: int, limit: int) -> list[Entry]:
+        return self._entries(f"{_SEL} WHERE e.retry_ns IS NOT NULL AND e.retry_ns <= %s "
+                             "ORDER BY e.retry_ns LIMIT %s", (now_ns, limit))
+
+    def finished_before(self, queue: int, state: State, before_ns: int, limit: int
+                        ) -> list[Entry]:
+        return self._entries(
+            f"{_SEL} WHERE e.queue=%s AND e.state=%s AND e.finished_ns IS NOT NULL "
+            "AND e.finished_ns < %s AND e.kind='message' AND e.retry_ns IS NULL "
+            "ORDER BY e.finished_ns LIMIT %s", (queue, state.value, before_ns, limit))
+
+    def published_with(self, queue: int, blob_id: int, since_ns: int, besides: int
+                       ) -> Entry | None:
+        row = self.q1(
+            f"{_SEL} WHERE e.blob=%s AND e.queue=%s AND e.id<>%s AND e.kind='message' "
+            "AND e.enqueued_ns >= %s ORDER BY e.enqueued_ns LIMIT 1",
+            (blob_id, queue, besides, since_ns))
+        return Entry.from_row(row) if row else None
+
+    def stats(self) -> list[tuple[Any, ...]]:
+        return self.q(
+            "SELECT queue, state, consumer, COUNT(*), COALESCE(SUM(size), 0)::bigint, "
+            "MIN(CASE state WHEN 'partial' THEN created_ns "
+            "  WHEN 'ready' THEN (CASE WHEN substring(name FROM 1 FOR 1) = '\\x2e'::bytea "
+            "                     THEN NULL ELSE enqueued_ns END) "
+            "  WHEN 'working' THEN claimed_ns ELSE finished_ns END), "
+            "MIN(lease_ns), SUM(abandoned)::bigint, "
+            "SUM(CASE WHEN retry_ns IS NOT NULL THEN 1 ELSE 0 END)::bigint "
+            "FROM entries WHERE kind='message' AND hidden=0 "
+            "GROUP BY queue, state, consumer")
+
+    def uploads(self) -> list[tuple[int, int, str]]:
+        return cast(list[tuple[int, int, str]], self.q(
+            "SELECT id, queue, state FROM entries WHERE staged=1 AND kind='message' "
+            "AND hidden=0"))
+
+    def sharing(self, blob_id: int, limit: int) -> list[int]:
+        return [r[0] for r in self.q("SELECT id FROM entries WHERE blob=%s LIMIT %s",
+                                     (blob_id, limit))]
+
+    def policies(self) -> dict[int, dict[str, str]]:
+        out: dict[int, dict[str, str]] = {}
+        for queue, key, value in self.q("SELECT queue, key, value FROM policies"):
+            out.setdefault(queue, {})[key] = value
+        return out
+
+    def meta(self, key: str) -> str | None:
+        row = self.q1("SELECT value FROM meta WHERE key=%s", (key,))
+        return None if row is None else str(row[0])
+
+    def all_entries(self) -> list[Entry]:
+        return self._entries(f"{_SEL} ORDER BY e.id")
+
+    def all_blobs(self) -> list[Blob]:
+        return [cast(Blob, _blob(r)) for r in self.q(f"{_BLOB} ORDER BY id")]
+
+
+def _sets(fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    for k in fields:
+        if k not in ENTRY_COLUMNS or k == "id":
+            raise ValueError(f"unknown entry column {k}")
+    return ", ".join(f"{k}=%s" for k in fields), [_value(v) for v in fields.values()]
+
+
+class PgWrite(PgRead, WriteTx):
+    """Inside one transaction; records what changed for the change log."""
+
+    def __init__(self, run: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]) -> None:
+        super().__init__(run)
+        self.changed: list[tuple[int, int | None, bytes | None, int | None, bytes | None]] = []
+
+    def _changed(self, entry: int, parent: int | None, name: bytes | None,
+                 old_parent: int | None = None, old_name: bytes | None = None) -> None:
+        self.changed.append((entry, parent, name, old_parent, old_name))
+
+    def insert(self, **fields: Any) -> Entry:
+        for k in fields:
+            if k not in ENTRY_COLUMNS:
+                raise ValueError(f"unknown entry column {k}")
+        cols = ", ".join(fields)
+        marks = ", ".join(["%s"] * len(fields))
+        row = self.q1(f"INSERT INTO entries ({cols}) VALUES ({marks}) RETURNING id",
+                      [_value(v) for v in fields.values()])
+        assert row is not None
+        entry = self.get(int(row[0]))
+        assert entry is not None
+        if not entry.hidden:
+            self._dir_changed(entry.parent)
+            self._changed(entry.id, entry.parent, entry.name)
+        return entry
+
+    def _dir_changed(self, *dirs: int | None) -> None:
+        now = time.time_ns()
+        for d in dict.fromkeys(dirs):
+            if d is not None:
+                self.q("UPDATE entries SET mtime_ns=%s, ctime_ns=%s WHERE id=%s", (now, now, d))
+                self._changed(d, None, None)
+
+    def _hidden(self, entry_id: int) -> bool | None:
+        row = self.q1("SELECT hidden FROM entries WHERE id=%s", (entry_id,))
+        return None if row is None else bool(row[0])
+
+    def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
+             **fields: Any) -> bool:
+        sets, vals = _sets(fields)
+        sets = "parent=%s, name=%s" + (", " + sets if sets else "")
+        was_hidden = self._hidden(entry_id)
+        rows = self.q(f"UPDATE entries SET {sets} WHERE id=%s AND parent=%s AND name=%s "
+                      "RETURNING id", [new_parent, new_name, *vals, entry_id, parent, name])
+        if len(rows) != 1:
+            return False
+        self._dir_changed(None if was_hidden else parent,
+                          None if fields.get("hidden", was_hidden) else new_parent)
+        self._changed(entry_id, new_parent, new_name, parent, name)
+        return True
+
+    def update(self, entry_id: int, **fields: Any) -> bool:
+        sets, vals = _sets(fields)
+        appears = "hidden" in fields and not fields["hidden"] and self._hidden(entry_id)
+        rows = self.q(f"UPDATE entries SET {sets} WHERE id=%s RETURNING parent, name",
+                      [*vals, entry_id])
+        if len(rows) != 1:
+            return False
+        parent, name = rows[0]
+        if appears:  # a hidden upload published: a name arrives
+            self._dir_changed(parent)
+        self._changed(entry_id, parent, bytes(name))
+        return True
+
+    def delete(self, entry_id: int) -> bool:
+        rows = self.q("DELETE FROM entries WHERE id=%s RETURNING parent, hidden, name",
+                      (entry_id,))
+        if not rows:
+            return False
+        parent, hidden, name = rows[0]
+        if not hidden:
+            self._dir_changed(parent)
+        self._changed(entry_id, None, None, parent, bytes(name))
+        return True
+
+    def set_policy(self, queue: int, values: dict[str, str | None]) -> None:
+        for key, value in values.items():
+            if value is None:
+                self.q("DELETE FROM policies WHERE queue=%s AND key=%s", (queue, key))
+            else:
+                self.q("INSERT INTO policies (queue, key, value) VALUES (%s, %s, %s) "
+                       "ON CONFLICT (queue, key) DO UPDATE SET value = EXCLUDED.value",
+                       (queue, key, value))
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.q("INSERT INTO meta (key, value) VALUES (%s, %s) "
+               "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", (key, value))
+
+    def drop_history(self, entry_id: int) -> None:
+        self.q("DELETE FROM history WHERE entry=%s", (entry_id,))
+
+    def set_xattr(self, entry_id: int, name: bytes, value: bytes) -> None:
+        self.q("INSERT INTO xattrs (entry, name, value) VALUES (%s, %s, %s) "
+               "ON CONFLICT (entry, name) DO UPDATE SET value = EXCLUDED.value",
+               (entry_id, name, value))
+        self._changed(entry_id, None, None)
+
+    def remove_xattr(self, entry_id: int, name: bytes) -> bool:
+        gone = bool(self.q("DELETE FROM xattrs WHERE entry=%s AND name=%s RETURNING entry",
+                           (entry_id, name)))
+        if gone:
+            self._changed(entry_id, None, None)
+        return gone
+
+    def copy_xattrs(self, src: int, dst: int) -> None:
+        self.q("INSERT INTO xattrs (entry, name, value) SELECT %s, name, value FROM xattrs "
+               "WHERE entry=%s ON CONFLICT (entry, name) DO UPDATE SET value = EXCLUDED.value",
+               (dst, src))
+
+    def blob_by_sha(self, sha256: bytes) -> Blob | None:
+        return _blob(self.q1(f"{_BLOB} WHERE sha256=%s", (sha256,)))
+
+    def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
+                    blob_id: int | None = None) -> int:
+        """A new blob row; ``blob_id`` one from ``reserve_blob_id`` (content stored under
+        that id before this transaction). The service sends no inline ``data`` to this
+        engine: content lives in the blob store."""
+        if blob_id is None:
+            row = self.q1("INSERT INTO blobs (sha256, size, refcount, data) "
+                          "VALUES (%s, %s, 0, %s) RETURNING id", (sha256, size, data))
+        else:
+            row = self.q1("INSERT INTO blobs (id, sha256, size, refcount, data) "
+                          "VALUES (%s, %s, %s, 0, %s) RETURNING id",
+                          (blob_id, sha256, size, data))
+        assert row is not None
+        return int(row[0])
+
+    def blob_ref(self, blob_id: int, delta: int) -> int:
+        row = self.q1("UPDATE blobs SET refcount = refcount + %s WHERE id=%s RETURNING refcount",
+                      (delta, blob_id))
+        if row is None:
+            raise StoreFailure(f"blob {blob_id} is missing")
+        return int(row[0])
+
+    def blob_delete(self, blob_id: int) -> None:
+        self.q("DELETE FROM blobs WHERE id=%s", (blob_id,))
+
+    def add_history(self, entry_id: int, at_ns: int, action: str, src: str | None,
+                    dst: str | None, uid: int | None, pid: int | None,
+                    reason: str | None) -> None:
+        self.q("INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
+               "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+               (entry_id, at_ns, action, src, dst, uid, pid, reason))
+
+
+def _cursor_runner(conn: psycopg.Connection[Any]
+                   ) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
+    def run(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        try:
+            cur = conn.execute(cast(Any, query), params, prepare=True)
+        except psycopg.errors.IntegrityError as e:
+            raise IntegrityError(str(e).splitlines()[0]) from e
+        return cur.fetchall() if cur.description is not None else []
+    return run
+
+
+class _Reader(PgRead):
+    """``reader()``: one autocommit connection of its own, reopened when it breaks. Each
+    query is a statement of its own, bounded by the session's timeouts."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        super().__init__(self._query)
+        self._store = store
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def _query(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if self._conn is None or self._conn.closed:
+                        self._conn = self._store.connect(autocommit=True)
+                    cur = self._conn.execute(cast(Any, query), params, prepare=True)
+                    return cur.fetchall() if cur.description is not None else []
+                except psycopg.OperationalError as e:
+                    self.close()
+                    if attempt == 2 or isinstance(e, psycopg.errors.QueryCanceled):
+                        raise unavailable(e) from e
+                except psycopg.Error as e:
+                    raise unavailable(e) from e
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+
+class PostgresStore(Store):
+    """``url`` is a libpq connection URL (``postgresql://USER@HOST:PORT/DB``); the password
+    comes from ``~/.pgpass`` or ``PGPASSWORD``, as for every libpq program."""
+
+    #: run_batch waits on the network: the committer runs it in a worker thread
+    blocking = True
+    #: the database is shared by several hosts: recovery judges only this host's files
+    shared = True
+
+    def __init__(self, url: str, pool_max: int = POOL_MAX) -> None:
+        self.url = url
+        self.origin = uuid.uuid4().hex[:16]
+        self._check_url()
+        try:
+            with self.connect(autocommit=True) as conn:
+                self._init_schema(conn)
+        except psycopg.Error as e:
+            raise unavailable(e) from e
+        self._pool = ConnectionPool(url, min_size=1, max_size=pool_max, open=False,
+                                    kwargs={**CONNECT_KWARGS, "autocommit": True},
+                                    configure=self._configure,
+                                    timeout=CONNECT_TIMEOUT_S * 2, reconnect_timeout=0,
+                                    name="spoolfs")
+        self._pool.open(wait=False)
+        self._reader = _Reader(self)
+        self._scan_lock = threading.Lock()
+        self._listen: psycopg.Connection[Any] | None = None
+
+    def _check_url(self) -> None:
+        try:
+            psycopg.conninfo.conninfo_to_dict(self.url)
+        except psycopg.ProgrammingError as e:
+            raise StoreFailure(f"not a PostgreSQL URL: {e}") from e
+
+    @staticmethod
+    def _configure(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(SESSION)  # autocommit: transactions are begun and ended explicitly
+
+    def connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.url, autocommit=True, **CONNECT_KWARGS)
+        conn.execute(SESSION)
+        conn.autocommit = autocommit
+        return conn
+
+    def _init_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """Tables, the root entry and migrations, once, even when several daemons open an
+        empty database at the same moment."""
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (schema.LOCK_SCHEMA,))
+            conn.execute(cast(Any, schema.TABLES))
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                now = time.time_ns()
+                conn.execute("INSERT INTO entries (id, parent, name, kind, mode, mtime_ns, "
+                             "ctime_ns, created_ns) VALUES (1, NULL, '', 'root', %s, %s, %s, %s) "
+                             "ON CONFLICT (id) DO NOTHING", (0o40755, now, now, now))
+                conn.execute("SELECT setval(pg_get_serial_sequence('entries', 'id'), "
+                             "GREATEST((SELECT max(id) FROM entries), 1))")
+                conn.execute("INSERT INTO meta VALUES ('schema_version', %s)",
+                             (str(schema.VERSION),))
+                return
+            version = int(row[0])
+            if version > schema.VERSION:
+                raise StoreFailure(f"the database has schema version {version}; this spoolfs "
+                                   f"knows up to {schema.VERSION}: upgrade spoolfs")
+            while version < schema.VERSION:
+                for stmt in schema.MIGRATIONS[version]:
+                    conn.execute(cast(Any, stmt))
+                version += 1
+                log.info("database migrated to schema version %d", version)
+            conn.execute("UPDATE meta SET value=%s WHERE key='schema_version'", (str(version),))
+
+    # ---- the Store interface ------------------------------------------------------------
+
+    def reader(self) -> ReadTx:
+        return self._reader
+
+    @contextmanager
+    def scan(self) -> Iterator[ReadTx]:
+        with self._scan_lock, self._conn() as conn:
+            try:
+                with conn.transaction():
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    yield PgRead(_cursor_runner(conn))
+            except psycopg.Error as e:
+                raise unavailable(e) from e
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as e:
+            raise StoreFailure("database unavailable: no connection within "
+                               f"{CONNECT_TIMEOUT_S * 2} s") from e
+        except psycopg.OperationalError as e:
+            raise unavailable(e) from e
+
+    def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,
+                  wait: bool = True) -> list[tuple[bool, Any]]:
+        results: list[tuple[bool, Any]] = []
+        with self._conn() as conn:
+            try:
+                conn.execute("BEGIN")
+                if not durable:
+                    conn.execute("SET LOCAL synchronous_commit = off")
+                tx = PgWrite(_cursor_runner(conn))
+                for fn in fns:
+                    results.append(self._one(conn, tx, fn))
+                self._log_changes(conn, tx)
+                conn.execute("COMMIT")
+            except psycopg.Error as e:
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error:
+                    pass
+                log.error("database commit failed: %s", e)
+                raise unavailable(e) from e
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error:
+                    pass
+                raise
+        return results
+
+    def _one(self, conn: psycopg.Connection[Any], tx: PgWrite, fn: Callable[[WriteTx], Any]
+             ) -> tuple[bool, Any]:
+        for attempt in range(1, RETRIES + 1):
+            conn.execute("SAVEPOINT op")
+            mark = len(tx.changed)
+            try:
+                res = fn(tx)
+            except _LOST as e:  # another host's transaction was in the way
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                del tx.changed[mark:]
+                if attempt == RETRIES:
+                    return False, StoreFailure(f"database busy: {str(e).splitlines()[0]}")
+                continue
+            except psycopg.errors.LockNotAvailable as e:  # held beyond lock_timeout
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                del tx.changed[mark:]
+                return False, StoreFailure(f"database busy: {str(e).splitlines()[0]}")
+            except psycopg.OperationalError:
+                raise  # the connection is gone: the whole batch fails
+            except (SpoolError, IntegrityError, psycopg.errors.DataError, OSError, ValueError,
+                    ArithmeticError, TypeError) as e:  # this request fails alone
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                del tx.changed[mark:]
+                return False, e
+            conn.execute("RELEASE op")
+            return True, res
+        raise AssertionError("unreachable")
+
+    def _log_changes(self, conn: psycopg.Connection[Any], tx: PgWrite) -> None:
+        if not tx.changed:
+            return
+        # Held to the commit: change rows of concurrent transactions get their sequence
+        # numbers in commit order.
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (schema.LOCK_CHANGES,))
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO changes (entry, parent, name, old_parent, old_name, origin) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                [(*c, self.origin) for c in dict.fromkeys(tx.changed)])
+        conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(schema.CHANNEL)))
+
+    def reserve_blob_id(self) -> int:
+        """A blob id no other row will take: content is stored under it before the
+        transaction that inserts its row (``blob_insert(..., blob_id=)``)."""
+        with self._conn() as conn:
+            try:
+                row = conn.execute("SELECT nextval(pg_get_serial_sequence('blobs', 'id'))"
+                                   ).fetchone()
+                conn.commit()
+            except psycopg.Error as e:
+                raise unavailable(e) from e
+        assert row is not None
+        return int(row[0])
+
+    # ---- the change log -----------------------------------------------------------------
+
+    def last_change(self) -> int:
+        row = self._reader.q1("SELECT COALESCE(max(seq), 0) FROM changes")
+        return int(row[0]) if row else 0
+
+    def changes_since(self, seq: int, limit: int = CHANGES_PAGE) -> list[Change]:
+        with self._conn() as conn:
+            try:
+                rows = conn.execute(
+                    "SELECT seq, entry, parent, name, old_parent, old_name, origin FROM changes "
+                    "WHERE seq > %s ORDER BY seq LIMIT %s", (seq, limit)).fetchall()
+                conn.commit()
+            except psycopg.Error as e:
+                raise unavailable(e) from e
+        return [Change(s, e, p, bytes(n) if n is not None else None, op,
+                       bytes(on) if on is not None else None, o)
+                for s, e, p, n, op, on, o in rows]
+
+    def wait_changes(self, timeout: float) -> bool:
+        """Block until another commit notifies (True) or ``timeout`` passes (False)."""
+        try:
+            if self._listen is None or self._listen.closed:
+                self._listen = self.connect(autocommit=True)
+                self._listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(schema.CHANNEL)))
+            got = False
+            for _ in self._listen.notifies(timeout=timeout, stop_after=1):
+                got = True
+            return got
+        except psycopg.Error as e:
+            if self._listen is not None:
+                self._listen.close()
+                self._listen = None
+            raise unavailable(e) from e
+
+    def prune_changes(self, before_s: float) -> int:
+        """Drop change rows older than ``before_s`` seconds (gc): a follower that was away
+        longer than that has reconnected and dropped its whole cache anyway."""
+        with self._conn() as conn:
+            try:
+                n = conn.execute("DELETE FROM changes WHERE at < now() - make_interval(secs => %s)",
+                                 (before_s,)).rowcount
+                conn.commit()
+            except psycopg.Error as e:
+                raise unavailable(e) from e
+        return n
+
+    def close(self) -> None:
+        self._reader.close()
+        if self._listen is not None:
+            self._listen.close()
+        self._pool.close()
+
+
+def open_store(url: str) -> PostgresStore:
+    return PostgresStore(url)
