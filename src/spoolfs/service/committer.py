@@ -11,7 +11,8 @@ The batch runs on the event loop's thread: handing it to a worker thread and bac
 already serializes cross-directory renames, so there is little to overlap. Requests that arrive
 while a commit is on disk wait in the kernel and form the next batch. Only when another daemon
 holds the store's write lock does the batch go to a worker thread to wait for it, so a slow
-neighbour never stalls this mount's reads.
+neighbour never stalls this mount's reads. A store whose commits wait on the network
+(``Store.blocking``: a database server) always commits in a worker thread.
 """
 
 from __future__ import annotations
@@ -103,10 +104,13 @@ class Committer:
         durable = any(r.durable for r in batch)
         fns = [r.fn for r in batch]
         try:
-            try:
-                results = self.store.run_batch(fns, durable, wait=False)
-            except StoreBusy:
+            if self.store.blocking:  # a database server: the loop keeps answering meanwhile
                 results = await trio.to_thread.run_sync(self.store.run_batch, fns, durable)
+            else:
+                try:
+                    results = self.store.run_batch(fns, durable, wait=False)
+                except StoreBusy:
+                    results = await trio.to_thread.run_sync(self.store.run_batch, fns, durable)
         except StoreFailure as e:
             results = [(False, e)] * len(batch)
         except Exception as e:  # never leave a request unanswered

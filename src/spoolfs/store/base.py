@@ -229,6 +229,10 @@ class Store(abc.ABC):
     #: the metadata reserve of a store kept on a local disk (store/reserve.py); None for an
     #: engine whose metadata lives elsewhere
     reserve: Reserve | None = None
+    #: run_batch waits on the network (a database server): never call it on the event loop
+    blocking: bool = False
+    #: several hosts share the store: each host's recovery judges only its own files
+    shared: bool = False
 
     @abc.abstractmethod
     def reader(self) -> ReadTx:

@@ -1,0 +1,195 @@
+"""What only a shared database shows: several daemons' stores on one PostgreSQL database."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from helpers.pgserver import PgServer
+from spoolfs.core.errors import StoreFailure
+from spoolfs.core.rules import State
+from spoolfs.store.base import WriteTx
+from spoolfs.store.pg_maint import open_maintenance
+from spoolfs.store.postgres import PostgresStore
+from spoolfs.store.registry import open_store
+
+
+def one(store: PostgresStore, fn):  # type: ignore[no-untyped-def]
+    ok, value = store.run_batch([fn], True)[0]
+    if not ok:
+        raise value
+    return value
+
+
+def msg(tx: WriteTx, parent: int, name: bytes):  # type: ignore[no-untyped-def]
+    return tx.insert(parent=parent, name=name, kind="message", state=State.READY,
+                     mode=0o100644, mtime_ns=1, ctime_ns=1, created_ns=1)
+
+
+@pytest.fixture
+def two(pg_url: str) -> Iterator[tuple[PostgresStore, PostgresStore]]:
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_a_url_opens_the_engine(pg_url: str) -> None:
+    s = open_store(pg_url)
+    assert isinstance(s, PostgresStore) and s.reader().get(1) is not None
+    s.close()
+    s = open_store(pg_url.replace("postgresql://", "postgres://"))
+    assert isinstance(s, PostgresStore)
+    s.close()
+
+
+def test_concurrent_first_opens_make_one_root(pg_server: PgServer) -> None:
+    url = pg_server.new_database()
+    stores: list[PostgresStore] = []
+    errors: list[BaseException] = []
+
+    def opener() -> None:
+        try:
+            stores.append(PostgresStore(url))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=opener) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    roots = [e for e in stores[0].reader().all_entries() if e.kind == "root"]
+    assert [r.id for r in roots] == [1]
+    e = one(stores[0], lambda tx: msg(tx, 1, b"after"))
+    assert e.id > 1
+    for s in stores:
+        s.close()
+
+
+def test_racing_claims_from_two_stores_have_one_winner(two) -> None:  # type: ignore[no-untyped-def]
+    a, b = two
+    ids = [one(a, lambda tx, i=i: msg(tx, 1, b"m%d" % i)).id for i in range(40)]
+    wins: dict[str, list[int]] = {"a": [], "b": []}
+
+    def claimer(store: PostgresStore, who: str) -> None:
+        for i in ids:
+            def claim(tx: WriteTx, i: int = i) -> bool:  # from where both saw it
+                name = b"m%d" % ids.index(i)
+                return tx.move(i, 1, name, 1, name + b".taken", state=State.WORKING)
+            for ok, won in store.run_batch([claim], True):
+                if ok and won:
+                    wins[who].append(i)
+
+    ta = threading.Thread(target=claimer, args=(a, "a"))
+    tb = threading.Thread(target=claimer, args=(b, "b"))
+    ta.start(), tb.start()
+    ta.join(), tb.join()
+    assert sorted(wins["a"] + wins["b"]) == ids  # each once, none twice
+
+
+def test_ids_are_unique_across_stores(two) -> None:  # type: ignore[no-untyped-def]
+    a, b = two
+    got = [one(s, lambda tx, n=n: msg(tx, 1, n)).id
+           for n, s in ((b"x%d" % i, (a, b)[i % 2]) for i in range(20))]
+    assert len(set(got)) == 20
+    assert a.reserve_blob_id() != b.reserve_blob_id()
+
+
+def test_changes_are_logged_in_commit_order_with_their_origin(two) -> None:  # type: ignore[no-untyped-def]
+    a, b = two
+    start = a.last_change()
+    e = one(a, lambda tx: msg(tx, 1, b"m"))
+    one(b, lambda tx: tx.move(e.id, 1, b"m", 1, b"n"))
+    one(a, lambda tx: tx.set_xattr(e.id, b"user.k", b"v"))
+    one(b, lambda tx: tx.delete(e.id))
+    got = [c for c in a.changes_since(start) if c.entry_id == e.id]
+    assert [c.origin for c in got] == [a.origin, b.origin, a.origin, b.origin]
+    assert (got[1].old_parent, got[1].old_name, got[1].parent, got[1].name) == (1, b"m", 1, b"n")
+    assert got[3].parent is None and got[3].old_name == b"n"
+    seqs = [c.seq for c in a.changes_since(start)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_a_commit_wakes_a_waiting_follower(two) -> None:  # type: ignore[no-untyped-def]
+    a, b = two
+    assert a.wait_changes(0.01) is False  # LISTEN is set up; nothing yet
+    one(b, lambda tx: msg(tx, 1, b"wake"))
+    assert a.wait_changes(30) is True
+
+
+def test_a_newer_schema_is_refused_in_one_line(pg_url: str) -> None:
+    PostgresStore(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
+    with pytest.raises(StoreFailure, match="schema version 999"):
+        PostgresStore(pg_url)
+
+
+def test_an_unreachable_database_is_one_line_quickly() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(StoreFailure, match="database unavailable"):
+        PostgresStore("postgresql://nobody@127.0.0.1:9/none")
+    assert time.monotonic() - t0 < 30
+
+
+def test_maintenance_runs_the_checks(pg_url: str) -> None:
+    s = PostgresStore(pg_url)
+    e = one(s, lambda tx: msg(tx, 1, b"m"))
+
+    def attach(tx: WriteTx) -> None:
+        bid = tx.blob_insert(b"\x01" * 32, 3, None)
+        tx.blob_ref(bid, 1)
+        tx.update(e.id, blob=bid)
+
+    one(s, attach)
+    s.close()
+    m = open_maintenance(pg_url)
+    try:
+        with m.read() as tx:
+            assert tx.integrity_ok() and tx.dangling() == []
+            assert tx.schema_version() == "1"
+            assert [r for r in tx.refcounts()] == [(1, 1)] or len(tx.refcounts()) == 1
+            assert tx.unreferenced_blobs() == []
+        with m.write() as tx:
+            bid = tx.insert_empty_blob(b"\x02" * 32)
+            assert bid > 0 and tx.blob_exists(bid)
+        with m.read() as tx:
+            assert bid in tx.unreferenced_blobs()
+    finally:
+        m.close()
+
+
+def test_a_server_that_goes_away_fails_transitions_and_comes_back(pg_server: PgServer) -> None:
+    """Its own server: stopping the session's would fail the other tests."""
+    server = PgServer().start()
+    try:
+        url = server.new_database()
+        s = PostgresStore(url)
+        e = one(s, lambda tx: msg(tx, 1, b"m"))
+        server.stop()
+        t0 = time.monotonic()
+        with pytest.raises(StoreFailure):
+            one(s, lambda tx: tx.update(e.id, attempts=1))
+        with pytest.raises(StoreFailure):
+            s.reader().get(e.id)
+        assert time.monotonic() - t0 < 60
+        server.start()
+        deadline = time.monotonic() + 60
+        while True:  # the pool reconnects by itself
+            try:
+                assert one(s, lambda tx: tx.update(e.id, attempts=2))
+                break
+            except StoreFailure:
+                assert time.monotonic() < deadline, "the store did not come back"
+                time.sleep(0.2)
+        got = s.reader().get(e.id)
+        assert got is not None and got.attempts == 2
+        s.close()
+    finally:
+        server.close()
