@@ -19,13 +19,15 @@ from spoolfs.fuse.ops import Operations
 from spoolfs.notify import notify
 from spoolfs.runtime import make_runtime_dir, pidfile
 from spoolfs.service import gc
+from spoolfs.service.follower import ChangeFeed, Follower
 from spoolfs.service.lifecycle import Lifecycle
 from spoolfs.service.recovery import recover
 from spoolfs.service.roles import STRICT_ROLES, Gate
 from spoolfs.service.spool import Spool, Who
+from spoolfs.store.base import Store
 from spoolfs.store.private import tighten
 from spoolfs.store.registry import open_store
-from spoolfs.store.registry import split as split_url
+from spoolfs.store.site import Place, is_url, place_of, shown
 
 log = logging.getLogger("spoolfs")
 
@@ -57,31 +59,45 @@ def fuse_options(store_dir: str, options: list[str]) -> set[str]:
     return opts
 
 
+def open_place(store_url: str, blobs: str | None) -> tuple[Store, Place]:
+    """The store and where its parts are; one line (``UserError``) when it cannot be used."""
+    name = shown(store_url)
+    try:
+        if not is_url(store_url) and os.path.isdir(store_url):
+            tighten(store_url)
+        store = open_store(store_url)
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"cannot open store {name}: {e}") from e
+    try:
+        return store, place_of(store_url, store, blobs)
+    except UserError:
+        store.close()
+        raise
+    except Exception as e:
+        store.close()
+        raise UserError(f"cannot open store {name}: {e}") from e
+
+
 def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str],
           on_ready: Callable[[], None] = lambda: None, *,
-          metrics_listen: str | None = None) -> None:
-    """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live."""
+          metrics_listen: str | None = None, blobs: str | None = None) -> None:
+    """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live.
+    ``store_dir`` is a store directory or a store URL; ``blobs`` where a URL store's content
+    lives (recorded by its first mount)."""
     os.umask(0o077)  # what the daemon creates (store files, pid file) is its owner's alone
-    try:
-        if os.path.isdir(store_dir):
-            tighten(store_dir)
-        store = open_store(store_dir)
-    except Exception as e:
-        raise UserError(f"cannot open store {store_dir}: {e}") from e
-    if split_url(store_dir)[0]:  # content lives in a store directory, next to its metadata
-        store.close()
-        raise UserError(f"cannot mount {store_dir}: a mount needs a store directory for its "
-                        "content; this engine keeps metadata only")
-    spool = Spool(store, store_dir)
+    store, place = open_place(store_dir, blobs)
+    spool = Spool(store, place)
     try:
         try:
             recover(spool)
         except StoreFailure as e:  # the disk full, say: one line, as for the open above
-            raise UserError(f"cannot recover store {store_dir}: {e.hint}") from e
+            raise UserError(f"cannot recover store {place.name}: {e.hint}") from e
         spool.guard.make_reserve()
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None)
-        opts = fuse_options(store_dir, options)
+        opts = fuse_options(place.name, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
         make_runtime_dir()
@@ -96,7 +112,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         try:
             with open(pf, "w") as f:
                 f.write(f"{os.getpid()}\n")
-            log.info("spoolfs: mounted %s on %s (pid %d)", store_dir, mountpoint, os.getpid())
+            log.info("spoolfs: mounted %s on %s (pid %d)", place.name, mountpoint, os.getpid())
             try:
                 trio.run(_main, spool, on_ready, listeners, root_id if root_id != 1 else None)
             finally:
@@ -121,9 +137,13 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
         timers = trio.CancelScope()
         signals = trio.CancelScope()
         nursery.start_soon(_signals, signals)
-        nursery.start_soon(_run_in, timers, lifecycle.run,
-                           functools.partial(gc.periodic, spool.store_dir),
-                           spool.guard.keep_reserve)
+        tasks: list[Callable[[], Awaitable[None]]] = [
+            lifecycle.run, functools.partial(gc.periodic, spool.place), spool.guard.keep_reserve]
+        if isinstance(spool.store, ChangeFeed):  # other hosts' changes, seen here
+            follower = Follower(spool.store, lambda p, n: spool.on_gone(p, n),
+                                lambda ids: spool.on_stale(ids))
+            tasks.append(follower.run)
+        nursery.start_soon(_run_in, timers, *tasks)
         if listeners:  # serving before the mount is reported ready
             await nursery.start(_metrics, metrics, listeners, spool, only_queue)
         on_ready()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from spoolfs.core.errors import StoreFailure, StoreFull, UserError
-from spoolfs.store.registry import store_layout
+from spoolfs.store.site import require_store
 
 
 def _seconds(text: str) -> float:
@@ -42,8 +42,7 @@ def run(argv: list[str]) -> int:
                    help="orphan files younger than this are left alone (default with --repair: "
                         f"{gc.GRACE_NS // gc.NS})")
     args = p.parse_args(argv)
-    if not store_layout(args.store).is_store():
-        raise UserError(f"{args.store} is not a spoolfs store (no meta.db)")
+    require_store(args.store)
     grace_ns = None if args.grace is None else int(args.grace * gc.NS)
     if args.repair and grace_ns is None:
         grace_ns = gc.GRACE_NS

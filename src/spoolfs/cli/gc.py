@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from spoolfs.core.errors import StoreFailure, StoreFull, UserError
-from spoolfs.store.registry import store_layout
+from spoolfs.store.site import require_store
 
 
 def run(argv: list[str]) -> int:
@@ -29,8 +29,7 @@ def run(argv: list[str]) -> int:
                    help=f"leave orphan files younger than this (default {gc.GRACE_NS // gc.NS})")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per removal")
     args = p.parse_args(argv)
-    if not store_layout(args.store).is_store():
-        raise UserError(f"{args.store} is not a spoolfs store (no meta.db)")
+    require_store(args.store)
     try:
         report = gc.collect(args.store, grace_ns=int(args.grace * gc.NS))
     except StoreFull:

@@ -24,6 +24,7 @@ from spoolfs.core.names import check_ident
 from spoolfs.notify import notify
 from spoolfs.runtime import default_store
 from spoolfs.store.registry import split as split_url
+from spoolfs.store.site import shown
 
 log = logging.getLogger("spoolfs")
 
@@ -31,7 +32,7 @@ LEVELS = ("debug", "info", "warning", "error")
 
 #: ``-o NAME=VALUE`` options that stand for spoolfs's own ``--queue``, ``--log-level`` and
 #: ``--log-file`` (fstab and mount(8) can pass nothing else).
-OWN_OPTIONS = ("queue", "log_level", "log_file")
+OWN_OPTIONS = ("queue", "log_level", "log_file", "blobs")
 
 #: Options for mount(8), fstab or systemd (mount(8) and mount.fuse3 strip most, not when
 #: spoolfs is run by hand), and VFS flags libfuse does not take: dropped. libfuse itself takes
@@ -52,12 +53,18 @@ def parser() -> argparse.ArgumentParser:
                                 description="Mount a spool: a durable work queue "
                                 "driven by mv, cp, ln and rm. Subcommands: umount, fsck, bench.")
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="[STORE] MOUNTPOINT; STORE defaults to /var/lib/spoolfs for root")
+                   help="[STORE] MOUNTPOINT; STORE is a directory (default /var/lib/spoolfs "
+                   "for root) or postgresql://USER@HOST:PORT/DB (password from ~/.pgpass or "
+                   "PGPASSWORD)")
+    p.add_argument("--blobs", metavar="s3://BUCKET/PREFIX|DIR",
+                   help="where a postgresql:// store keeps content, given at its first mount "
+                   "(later mounts read it from the store); S3 endpoint and keys from the "
+                   "standard AWS settings")
     p.add_argument("--queue", help="root the mount at one queue (created if missing)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", action="append", default=[],
                    help="mount options, comma-separated: FUSE's (e.g. allow_other), and "
-                   "queue=Q, log_level=L, log_file=F for the options of those names; "
+                   "queue=Q, log_level=L, log_file=F, blobs=B for the options of those names; "
                    "fstab's and systemd's (nofail, _netdev, x-systemd.*, ...) are ignored")
     p.add_argument("--log-file", help="log to this file")
     p.add_argument("--log-level", choices=LEVELS, help="default: info")
@@ -125,7 +132,7 @@ def run(argv: list[str]) -> int:
         _log_ignored(ignored)
         daemon.serve(store, mountpoint, args.queue, options,
                      lambda: _ready(store, mountpoint, args.queue),
-                     metrics_listen=args.metrics_listen)
+                     metrics_listen=args.metrics_listen, blobs=args.blobs)
         return 0
     return _daemonize(args, store, mountpoint, options, ignored)
 
@@ -138,7 +145,7 @@ def _log_ignored(ignored: list[str]) -> None:
 def _ready(store: str, mountpoint: str, queue: str | None) -> None:
     """The mount is live: tell systemd, when run by a ``Type=notify`` service. ``MAINPID``
     names the serving process, which is not the one systemd started when spoolfs forked."""
-    where = f"queue {queue} of {store}" if queue else store
+    where = f"queue {queue} of {shown(store)}" if queue else shown(store)
     notify("READY=1", f"MAINPID={os.getpid()}", f"STATUS=mounted {where} on {mountpoint}")
 
 
@@ -175,7 +182,7 @@ def _daemonize(args: argparse.Namespace, store: str, mountpoint: str, options: l
             os.close(devnull)
 
         daemon.serve(store, mountpoint, args.queue, options, ready,
-                     metrics_listen=args.metrics_listen)
+                     metrics_listen=args.metrics_listen, blobs=args.blobs)
     except UserError as e:
         _tell(w, e.message)
         code = e.exit_code

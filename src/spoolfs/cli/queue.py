@@ -105,10 +105,10 @@ def _show_on_mount(path: str) -> str:
 
 
 def _open(store_dir: str) -> Store:
-    from spoolfs.store.registry import open_store, store_layout
+    from spoolfs.store.registry import open_store
+    from spoolfs.store.site import require_store
 
-    if not store_layout(store_dir).is_store():
-        raise UserError(f"{store_dir} is not a spoolfs store (no meta.db)")
+    require_store(store_dir)
     return open_store(store_dir)
 
 

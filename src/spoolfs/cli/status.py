@@ -43,15 +43,16 @@ def load(path: str) -> dict[str, Any]:
         with open(virtual, "rb") as f:
             return cast(dict[str, Any], json.loads(f.read()))
     from spoolfs.store.registry import store_layout
+    from spoolfs.store.site import is_url, place_of
 
-    if store_layout(path).is_store():
+    if is_url(path) or store_layout(path).is_store():
         from spoolfs.service.policies import Policies
         from spoolfs.service.status import snapshot
         from spoolfs.store.registry import open_store
 
         store = open_store(path)
         try:
-            return snapshot(store.reader(), path, Policies(store.reader()).of)
+            return snapshot(store.reader(), place_of(path, store), Policies(store.reader()).of)
         finally:
             store.close()
     raise UserError(f"{path} is neither a spoolfs mount nor a store")

@@ -88,9 +88,13 @@ class Handle:
 
 
 class Content:
-    def __init__(self, blobs: BlobDir, staging: StagingDir) -> None:
+    def __init__(self, blobs: BlobDir, staging: StagingDir, inline_max: int = INLINE_MAX
+                 ) -> None:
         self.blobs = blobs
         self.staging = staging
+        #: content up to this size lives in the metadata store (the embedded one); a store
+        #: shared by several hosts keeps all content in its blob store (0)
+        self.inline_max = inline_max
 
     def open(self, r: ReadTx, entry: Entry, writable: bool) -> Handle:
         if entry.staged:
@@ -138,7 +142,7 @@ class Content:
         try:
             sha, size = hash_file(fd)
             mtime_ns = os.fstat(fd).st_mtime_ns
-            data = os.pread(fd, size, 0) if size <= INLINE_MAX else None
+            data = os.pread(fd, size, 0) if size <= self.inline_max else None
             if data is None:
                 os.fsync(fd)
         finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import trio
 
@@ -30,6 +30,7 @@ class Change(Protocol):
     origin: str
 
 
+@runtime_checkable
 class ChangeFeed(Protocol):
     origin: str
 

@@ -38,12 +38,10 @@ import stat
 import time
 from collections.abc import Callable
 
-from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core.names import NAME_MAX
 from spoolfs.service import gc
-from spoolfs.store import schema
 from spoolfs.store.private import DIR_MODE, FILE_MODE
-from spoolfs.store.registry import open_maintenance, store_layout
+from spoolfs.store.site import Place, as_place
 
 PROGRESS_EVERY = 10_000
 #: rows that hold content: messages, and the files of a batch (its members)
@@ -76,15 +74,14 @@ class Fsck:
     ``grace_ns``: when given (repair mode), orphan files younger than this are not problems but
     ``notes``: they may belong to a transaction about to commit."""
 
-    def __init__(self, store_dir: str, progress: Callable[[str], None] = lambda s: None,
+    def __init__(self, where: str | Place, progress: Callable[[str], None] = lambda s: None,
                  grace_ns: int | None = None, now_ns: int | None = None,
                  hash_files: bool = True) -> None:
-        self.store_dir = store_dir
-        self.layout = store_layout(store_dir)
-        self.maint = open_maintenance(store_dir)
+        self.place = as_place(where)
+        self.maint = self.place.maintenance()
         self.tx = self.maint.tx
-        self.blobs = BlobDir(self.layout.blobs)
-        self.staging = StagingDir(self.layout.staging)
+        self.blobs = self.place.blobs
+        self.staging = self.place.staging
         self.progress = progress
         self.grace_ns = grace_ns
         self.now_ns = time.time_ns() if now_ns is None else now_ns
@@ -160,8 +157,8 @@ class Fsck:
             for row in tx.dangling():
                 self._bad(f"dangling reference: {row}")
             v = tx.schema_version()
-        if v is None or int(v) != schema.VERSION:
-            self._bad(f"schema version {v} != {schema.VERSION}")
+        if v is None or int(v) != self.maint.version:
+            self._bad(f"schema version {v} != {self.maint.version}")
 
     def check_tree(self) -> None:
         for eid, parent, name, kind, mode, blob, staged, has_parent in self.tx.tree():
@@ -434,7 +431,7 @@ class Fsck:
 
     def _keep(self, path: str, data: bytes | None, name: str) -> str:
         """Keep what is left of damaged content in ``STORE/lost+found/``."""
-        d = self.layout.lost_found
+        d = self.place.lost_found
         try:
             os.makedirs(d, DIR_MODE, exist_ok=True)
             dst = os.path.join(d, name)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core.errors import StoreFailure
 from spoolfs.store.base import Maintenance
-from spoolfs.store.registry import open_maintenance, store_layout
+from spoolfs.store.site import Place, as_place
 
 log = logging.getLogger(__name__)
 
@@ -162,15 +162,15 @@ def sweep_staging(maint: Maintenance, staging: StagingDir, candidates: Iterable[
 # --------------------------------------------------------------------------- collection
 
 
-def collect(store_dir: str, grace_ns: int = GRACE_NS, now_ns: int | None = None) -> Report:
+def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = None
+            ) -> Report:
     """Mark, then sweep (one short write transaction per kind of garbage). Safe while daemons
-    have the store mounted."""
+    have the store mounted. ``where``: a store directory or URL, or its ``Place``."""
     now = time.time_ns() if now_ns is None else now_ns
-    layout = store_layout(store_dir)
-    blobs = BlobDir(layout.blobs)
-    staging = StagingDir(layout.staging)
+    place = as_place(where)
+    blobs, staging = place.blobs, place.staging
     report = Report()
-    maint = open_maintenance(store_dir)
+    maint = place.maintenance()
     try:
         # mark: what the committed store says, then what the directories hold
         with maint.read() as tx:
@@ -202,7 +202,7 @@ def collect(store_dir: str, grace_ns: int = GRACE_NS, now_ns: int | None = None)
     return report
 
 
-async def periodic(store_dir: str, interval_s: float = INTERVAL_S,
+async def periodic(where: str | Place, interval_s: float = INTERVAL_S,
                    grace_ns: int = GRACE_NS) -> None:
     """A daemon's background collection: ``collect`` every ``interval_s`` in a worker thread.
     A failure is logged and the next round runs; it never ends the mount."""
@@ -211,7 +211,7 @@ async def periodic(store_dir: str, interval_s: float = INTERVAL_S,
     while True:
         await trio.sleep(interval_s)
         try:
-            report = await trio.to_thread.run_sync(collect, store_dir, grace_ns)
+            report = await trio.to_thread.run_sync(collect, where, grace_ns)
         except (OSError, StoreFailure) as e:
             log.warning("gc: failed, trying again in %gs: %s", interval_s, e)
             continue

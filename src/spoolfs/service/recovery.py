@@ -2,8 +2,10 @@
 
 - an upload into ``ready/`` that never closed is moved to ``partial/``: ``ready/`` only ever
   shows complete files (skipped while another daemon still has it open for writing);
-- staging files without a message, blob files without a blob row, unreferenced blob rows are
-  removed, under the store's write lock so no other daemon is mid-transaction.
+- staging files without a message (and held by no upload) are removed; blob files without a
+  blob row and unreferenced blob rows too, under the store's write lock so no other daemon is
+  mid-transaction. A store shared by several hosts takes no such lock: there, blob files and
+  rows are left to gc, and only uploads staged on this host are judged.
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ def recover(spool: Spool) -> dict[str, int]:
         log.info("recovery: staging files moved into the bucketed layout")
     entries = r.all_entries()
 
+    shared = not spool.place.embedded
     for e in entries:
         if not e.hidden or _in_use(content.staging.path(e.id)):
             continue
+        if shared and not os.path.exists(content.staging.path(e.id)):
+            continue  # being written on another host: that host's daemon judges it
         assert e.queue is not None
         partial = next((c for c in r.children(e.queue) if c.state is State.PARTIAL), None)
         if partial is None:
@@ -67,13 +72,19 @@ def recover(spool: Spool) -> dict[str, int]:
         log.warning("recovery: unclosed upload %r moved from ready/ to partial/", e.name)
 
     def orphans(tx: WriteTx) -> None:
-        # Holding the write lock: no other daemon is between creating a file and committing
-        # the row that names it, so any file without its row is left over from a crash.
+        # A new upload's staging file is held before its row commits: a file nobody holds
+        # and no row names is left over from a crash.
         staged = {e.id for e in tx.all_entries() if e.staged}
         for sid in content.staging.ids():
-            if sid not in staged:
+            if sid not in staged and not _in_use(content.staging.path(sid)):
                 content.staging.remove(sid)
                 counts["staging_orphans"] += 1
+        if shared:
+            # Other hosts place content and commit rows meanwhile, under no lock of ours:
+            # blob files and rows are gc's, which waits out a grace period (service/gc.py).
+            return
+        # Holding the write lock: no other daemon is between placing a blob file and
+        # committing the row that names it.
         blobs = {b.id: b for b in tx.all_blobs()}
         for path, sha, bid in content.blobs.walk():
             b = blobs.get(bid)

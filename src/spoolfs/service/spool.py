@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import trio
 
-from spoolfs.blobs import BlobDir, StagingDir
 from spoolfs.core import lifecycle as L
 from spoolfs.core import rules
 from spoolfs.core.errors import (
@@ -48,6 +47,7 @@ from spoolfs.service.policies import Policies, check_fanout
 from spoolfs.service.roles import Caller, inherit
 from spoolfs.service.snapshots import Full, Snapshots, shown_to
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
+from spoolfs.store.site import Place, embedded
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,19 +82,21 @@ def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
 
 
 class Spool:
-    def __init__(self, store: Store, store_dir: str,
+    def __init__(self, store: Store, where: str | Place,
                  clock: Callable[[], int] = time.time_ns) -> None:
+        """``where``: the store directory of an embedded store, or the ``Place`` of any."""
         self.store = store
         self.r: ReadTx = store.reader()
-        self.store_dir = store_dir
-        self.content = Content(BlobDir(os.path.join(store_dir, "blobs")),
-                               StagingDir(os.path.join(store_dir, "staging")))
+        self.place = where if isinstance(where, Place) else embedded(where)
+        self.store_dir = self.place.local  # this host's part: the disk the guard watches
+        self.content = Content(self.place.blobs, self.place.staging,
+                               INLINE_MAX if self.place.embedded else 0)
         self.committer = Committer(store)
         self.clock = clock
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
         self.policies = Policies(self.r)
-        self.guard = DiskGuard(store_dir, store.reserve)
+        self.guard = DiskGuard(self.place.local, store.reserve)
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
         #: uploads whose writer did not finish (killed, exited non-zero) -> why: never published
         self._unfinished: dict[int, str] = {}
@@ -141,7 +143,7 @@ class Spool:
     def _full_snapshot(self) -> Full:
         """Every queue's figures, in a worker thread on the store's scan connection."""
         with self.store.scan() as r:
-            return Full(status.snapshot(r, self.store_dir, self.policies.of, self.clock()),
+            return Full(status.snapshot(r, self.place, self.policies.of, self.clock()),
                         status.access(r))
 
     def being_written(self, entry_id: int) -> bool:
@@ -637,7 +639,7 @@ class Spool:
         self.content.cleanup([("staging", e.id)])
 
     async def _seal(self, e: Entry) -> Sealed:
-        if self.size_of(e) > INLINE_MAX:
+        if self.size_of(e) > self.content.inline_max:
             return await trio.to_thread.run_sync(self.content.seal, e.id)
         return self.content.seal(e.id)
 

@@ -16,11 +16,10 @@ from typing import Any
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
-from spoolfs.blobs import StagingDir
 from spoolfs.core.policy import DEFAULT, NS, Policy
 from spoolfs.core.rules import STATES
 from spoolfs.store.base import ReadTx
-from spoolfs.store.registry import store_layout
+from spoolfs.store.site import Place, embedded
 
 PolicyOf = Any  # callable: queue id -> Policy
 
@@ -29,10 +28,13 @@ def _age(now: int, ns: int | None) -> float | None:
     return None if ns is None else round(max(now - ns, 0) / NS, 3)
 
 
-def snapshot(r: ReadTx, store_dir: str, policy_of: PolicyOf, now: int | None = None,
+def snapshot(r: ReadTx, where: str | Place, policy_of: PolicyOf, now: int | None = None,
              only_queue: int | None = None) -> dict[str, Any]:
+    """``where``: the store directory of an embedded store, or the ``Place`` of any (the disk
+    shown is this host's part of it)."""
+    place = where if isinstance(where, Place) else embedded(where)
     now = time.time_ns() if now is None else now
-    st = os.statvfs(store_dir)
+    st = os.statvfs(place.local)
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
     queues: dict[int, dict[str, Any]] = {}
     names: dict[int, str] = {}
@@ -73,7 +75,7 @@ def snapshot(r: ReadTx, store_dir: str, policy_of: PolicyOf, now: int | None = N
             c["in_flight"] += count
             c["oldest_claim_age_s"] = age
             c["next_lease_end_s"] = None if lease is None else round((lease - now) / NS, 3)
-    staging = StagingDir(store_layout(store_dir).staging)
+    staging = place.staging
     for eid, qid, state in r.uploads():  # sizes of uploads are their staging files'
         if qid in queues:
             try:
@@ -83,7 +85,7 @@ def snapshot(r: ReadTx, store_dir: str, policy_of: PolicyOf, now: int | None = N
                 pass
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / NS)),
-        "store": store_dir,
+        "store": place.name,
         "disk": {"free_bytes": free, "total_bytes": total,
                  "free_inodes": st.f_favail, "total_inodes": st.f_files},
         "queues": {names[qid]: q for qid, q in sorted(queues.items(), key=lambda i: names[i[0]])},

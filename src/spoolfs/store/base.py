@@ -382,6 +382,8 @@ class Maintenance(abc.ABC):
 
     #: the queries ``read()`` and ``write()`` yield; valid only inside one of them
     tx: FsckTx
+    #: the schema version this spoolfs writes for the engine (fsck compares the stored one)
+    version: int
 
     @abc.abstractmethod
     def read(self) -> AbstractContextManager[FsckTx]:

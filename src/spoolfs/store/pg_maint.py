@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import psycopg
 
+from spoolfs.store import pg_schema
 from spoolfs.store.base import FsckTx, Maintenance
 from spoolfs.store.postgres import PostgresStore, unavailable
 from spoolfs.store.sqlite_maint import SqliteFsckTx
@@ -67,6 +68,8 @@ class _Adapter:
 
 
 class PgMaintenance(Maintenance):
+    version = pg_schema.VERSION
+
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
         try:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from spoolfs.core.errors import StoreFailure
+from spoolfs.store import schema
 from spoolfs.store.base import FsckTx, GcTx, Maintenance
 from spoolfs.store.reserve import Reserve
 from spoolfs.store.sqlite import BUSY_TIMEOUT_MS, raise_if_full
@@ -181,6 +182,8 @@ class SqliteFsckTx(SqliteGcTx, FsckTx):
 
 class SqliteMaintenance(Maintenance):
     """``db`` is ``STORE/meta.db``; ``reserve`` the store directory's metadata reserve."""
+
+    version = schema.VERSION
 
 
     def __init__(self, db: str, reserve: Reserve | None) -> None:
