@@ -62,9 +62,20 @@ def _where(q: Path, name: str) -> list[tuple[str, str]]:
     return out
 
 
-def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory, store: Path,
+@pytest.fixture(params=["embedded", "postgresql"])
+def seed_store(request: pytest.FixtureRequest, store: Path, tmp_path: Path
+               ) -> tuple[str, list[str]]:
+    """The store both daemons mount, and what its first mount adds to the command line: the
+    embedded store, or a postgresql:// database with content in a shared directory."""
+    if request.param == "embedded":
+        return str(store), []
+    return request.getfixturevalue("pg_url"), ["--blobs", str(tmp_path / "shared-blobs")]
+
+
+def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory, seed_store: tuple[str, list[str]],
                                               tmp_path: Path) -> None:
-    a = mounter(store, tmp_path / "a")
+    store, first = seed_store
+    a = mounter(store, tmp_path / "a", extra=first)
     b = mounter(store, tmp_path / "b")
     qa = Queue.create(a.path, "q", tmp_path / "scratch")
     qb = b.path / "q"
@@ -125,6 +136,6 @@ def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory, store: Path
 
     a.umount()
     b.umount()
-    res = spoolfs_cli("fsck", str(store), timeout=patience(300))
+    res = spoolfs_cli("fsck", store, timeout=patience(300))
     out = (res.stdout + res.stderr).decode(errors="replace")
     assert res.returncode == 0 and out.rstrip().endswith("fsck: clean"), out

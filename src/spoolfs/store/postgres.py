@@ -435,6 +435,9 @@ class PostgresStore(Store):
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_max, open=False,
                                     kwargs={**CONNECT_KWARGS, "autocommit": True},
                                     configure=self._configure,
+                                    # a connection the server dropped (a restart) is replaced
+                                    # before a batch starts on it, not found broken mid-batch
+                                    check=ConnectionPool.check_connection,
                                     timeout=CONNECT_TIMEOUT_S * 2, reconnect_timeout=0,
                                     name="spoolfs")
         self._pool.open(wait=False)

@@ -1,0 +1,119 @@
+"""Two daemons (two "hosts") on one postgresql:// store with content in a shared directory:
+the database decides every claim; changes through one show in the other; the blob location
+is recorded once; losing the database fails transitions with EIO, and the mount comes back
+by itself (DESIGN §6 "Multi-host")."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from helpers.inspection import ls, read
+from helpers.mounts import MountFactory
+from helpers.pgserver import PgServer
+from helpers.procs import finish_claimers, ok, one_line_error, spoolfs_cli, start_claimers
+from helpers.queues import Queue
+from helpers.waiting import wait_until
+
+pytestmark = pytest.mark.fuse
+
+PROPAGATION = 3.0  # DESIGN §6: within about a second; slack for a loaded machine
+
+
+def fsck_clean(store: str) -> None:
+    res = spoolfs_cli("fsck", store, timeout=120)
+    out = (res.stdout + res.stderr).decode(errors="replace")
+    assert res.returncode == 0 and out.rstrip().endswith("fsck: clean"), out
+
+
+def test_two_hosts_one_database(mounter: MountFactory, pg_url: str, tmp_path: Path) -> None:
+    blobs = tmp_path / "shared-blobs"
+    a = mounter(pg_url, tmp_path / "a", extra=["--blobs", str(blobs)])
+    b = mounter(pg_url, tmp_path / "b")  # the location comes from the store's record
+    q = Queue.create(a.path, "q", tmp_path / "scratch")
+    qb = Queue(b.path / "q", tmp_path / "scratch")
+
+    data = q.publish("first", os.urandom(50_000))
+    wait_until(lambda: ls(qb.ready) == ["first"], timeout=PROPAGATION, alive=b.daemon_alive,
+               what="a publish through host A to show on host B")
+    assert read(qb.ready / "first") == data
+    ok("mv", qb.ready / "first", qb.consumer("w1"))
+    wait_until(lambda: ls(q.working / "w1") == ["first"], timeout=PROPAGATION,
+               alive=a.daemon_alive, what="a claim through B to show in A")
+    ok("mv", q.working / "w1/first", q.success)
+
+    names = [f"m{i:03d}" for i in range(150)]
+    src = tmp_path / "src"
+    src.mkdir()
+    for n in names:
+        (src / n).write_bytes(n.encode() * 100)
+    ok("cp", "-t", q.ready, *(src / n for n in names))
+    consumers = [f"c{i}" for i in range(6)]
+    for c in consumers:
+        q.consumer(c)
+    wait_until(lambda: ls(qb.ready) == names and set(consumers) <= set(ls(qb.working)),
+               timeout=PROPAGATION, alive=b.daemon_alive, what="B to see the published files")
+    claims = finish_claimers(start_claimers([q.path, qb.path], consumers, tmp_path / "logs"))
+    won = Counter(n for c in consumers for n in claims[c])
+    assert sorted(won) == names and set(won.values()) == {1}, "each claimed exactly once"
+
+    # all content in the shared directory, none in the database
+    stored = [f for _, _, fs in os.walk(blobs) for f in fs]
+    assert len(stored) == len(names) + 1
+    a.umount()
+    b.umount()
+    fsck_clean(pg_url)
+
+
+def test_the_blob_location_is_recorded_once(mounter: MountFactory, pg_url: str,
+                                            tmp_path: Path) -> None:
+    first = mounter(pg_url, tmp_path / "m0", start=False)
+    (tmp_path / "m0").mkdir()
+    res = spoolfs_cli(*first.argv)
+    assert res.returncode != 0 and "needs --blobs" in one_line_error(res)
+    mounter(pg_url, tmp_path / "m1", extra=["--blobs", str(tmp_path / "blobs")])
+    other = mounter(pg_url, tmp_path / "m2", extra=["--blobs", str(tmp_path / "elsewhere")],
+                    start=False)
+    (tmp_path / "m2").mkdir()
+    res = spoolfs_cli(*other.argv)
+    assert res.returncode != 0 and "keeps its content in" in one_line_error(res)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_an_unreachable_database_is_one_line_at_mount(mounter: MountFactory,
+                                                      tmp_path: Path) -> None:
+    m = mounter("postgresql://spool@127.0.0.1:9/spool", tmp_path / "m",
+                extra=["--blobs", str(tmp_path / "b")], start=False)
+    (tmp_path / "m").mkdir()
+    res = spoolfs_cli(*m.argv, timeout=60)
+    assert res.returncode != 0
+    assert "database unavailable" in one_line_error(res)
+    assert not os.path.ismount(tmp_path / "m")
+
+
+def test_losing_the_database_fails_transitions_and_the_mount_recovers(
+        mounter: MountFactory, tmp_path: Path) -> None:
+    server = PgServer().start()  # its own: stopping the session's would fail other tests
+    try:
+        url = server.new_database()
+        m = mounter(url, tmp_path / "m", extra=["--blobs", str(tmp_path / "blobs")])
+        q = Queue.create(m.path, "q", tmp_path / "scratch")
+        q.publish("before")
+        q.consumer("w")
+        server.stop()
+        with pytest.raises(OSError) as exc:
+            os.rename(q.ready / "before", q.working / "w" / "before")
+        assert exc.value.errno == errno.EIO
+        server.start()
+        wait_until(lambda: ls(q.ready) == ["before"], timeout=60, alive=m.daemon_alive,
+                   what="the mount to answer again once the database is back")
+        ok("mv", q.ready / "before", q.working / "w")
+        q.publish("after")
+        assert ls(q.ready) == ["after"] and ls(q.working / "w") == ["before"]
+        m.umount()
+    finally:
+        server.close()
