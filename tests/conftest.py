@@ -18,6 +18,7 @@ from helpers.mounts import Mount, MountFactory, fuse_problems
 from helpers.pgserver import PgServer
 from helpers.procs import Procs, become_subreaper
 from helpers.queues import Queue
+from helpers.s3server import S3Server
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
@@ -189,3 +190,22 @@ def pg_server() -> Iterator[PgServer]:
 def pg_url(pg_server: PgServer) -> str:
     """The URL of a fresh, empty database on the session's server."""
     return pg_server.new_database()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One S3 server for the session (SeaweedFS), started on first use."""
+    server = S3Server().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def s3_url(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``s3://BUCKET/PREFIX`` of a fresh bucket, with the AWS settings of the environment (and
+    so of every spoolfs process a test starts) pointing at the server."""
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    return f"s3://{s3_server.new_bucket()}/spool"

@@ -71,7 +71,9 @@ def open_place(store_url: str, blobs: str | None) -> tuple[Store, Place]:
     except Exception as e:
         raise UserError(f"cannot open store {name}: {e}") from e
     try:
-        return store, place_of(store_url, store, blobs)
+        place = place_of(store_url, store, blobs)
+        place.blobs.check()
+        return store, place
     except UserError:
         store.close()
         raise
@@ -123,6 +125,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
             except FileNotFoundError:
                 pass
     finally:
+        place.blobs.close()  # removals of content still queued for a remote store
         store.close()
         log.info("spoolfs: %s unmounted, store closed", mountpoint)
 

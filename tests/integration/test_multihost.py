@@ -17,6 +17,7 @@ from helpers.mounts import MountFactory
 from helpers.pgserver import PgServer
 from helpers.procs import finish_claimers, ok, one_line_error, spoolfs_cli, start_claimers
 from helpers.queues import Queue
+from helpers.s3server import S3Server
 from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.fuse
@@ -30,9 +31,28 @@ def fsck_clean(store: str) -> None:
     assert res.returncode == 0 and out.rstrip().endswith("fsck: clean"), out
 
 
-def test_two_hosts_one_database(mounter: MountFactory, pg_url: str, tmp_path: Path) -> None:
-    blobs = tmp_path / "shared-blobs"
-    a = mounter(pg_url, tmp_path / "a", extra=["--blobs", str(blobs)])
+@pytest.fixture(params=["shared-dir", "s3"])
+def blobs_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the two hosts keep content: a directory both see, or an S3 bucket."""
+    if request.param == "s3":
+        return str(request.getfixturevalue("s3_url"))
+    return str(tmp_path / "shared-blobs")
+
+
+def stored_objects(where: str, s3: S3Server | None) -> int:
+    if where.startswith("s3://"):
+        assert s3 is not None
+        bucket, prefix = where[5:].split("/", 1)
+        pages = s3.client().get_paginator("list_objects_v2").paginate(  # type: ignore[attr-defined]
+            Bucket=bucket, Prefix=prefix)
+        return sum(len(p.get("Contents", [])) for p in pages)
+    return sum(len(fs) for _, _, fs in os.walk(where))
+
+
+def test_two_hosts_one_database(mounter: MountFactory, pg_url: str, blobs_at: str,
+                                tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    blobs = blobs_at
+    a = mounter(pg_url, tmp_path / "a", extra=["--blobs", blobs])
     b = mounter(pg_url, tmp_path / "b")  # the location comes from the store's record
     q = Queue.create(a.path, "q", tmp_path / "scratch")
     qb = Queue(b.path / "q", tmp_path / "scratch")
@@ -61,9 +81,9 @@ def test_two_hosts_one_database(mounter: MountFactory, pg_url: str, tmp_path: Pa
     won = Counter(n for c in consumers for n in claims[c])
     assert sorted(won) == names and set(won.values()) == {1}, "each claimed exactly once"
 
-    # all content in the shared directory, none in the database
-    stored = [f for _, _, fs in os.walk(blobs) for f in fs]
-    assert len(stored) == len(names) + 1
+    # all content in the blob store, none in the database
+    s3 = request.getfixturevalue("s3_server") if blobs.startswith("s3://") else None
+    assert stored_objects(blobs, s3) == len(names) + 1
     a.umount()
     b.umount()
     fsck_clean(pg_url)

@@ -4,7 +4,8 @@ claiming it by ``mv`` into its own ``working/<c>/``; one daemon is killed with `
 mid-run and mounted again. Every file ends in ``success/`` exactly once, none is lost, each
 claim is won once, and ``spoolfs fsck`` finds the store clean.
 
-CI runs it with ``SPOOLFS_SEED_FILES`` files (default 2,000); the seed's own size is 25,000.
+CI runs it with ``SPOOLFS_SEED_FILES`` files (default 2,000 on the embedded store, 1,000 on
+PostgreSQL + S3, where each step is a round trip to two servers); the seed's own size is 25,000.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from helpers.waiting import patience, wait_until
 
 pytestmark = pytest.mark.fuse
 
-FILES = int(os.environ.get("SPOOLFS_SEED_FILES", "2000"))
+FILES = {"embedded": int(os.environ.get("SPOOLFS_SEED_FILES", "2000")),
+         "postgresql+s3": int(os.environ.get("SPOOLFS_SEED_FILES", "1000"))}
 CONSUMERS = 20
 #: the seed's files are small records; every 50th is large enough to live in a blob file
 LARGE_EVERY = 50
@@ -62,29 +64,31 @@ def _where(q: Path, name: str) -> list[tuple[str, str]]:
     return out
 
 
-@pytest.fixture(params=["embedded", "postgresql"])
+@pytest.fixture(params=["embedded", "postgresql+s3"])
 def seed_store(request: pytest.FixtureRequest, store: Path, tmp_path: Path
-               ) -> tuple[str, list[str]]:
-    """The store both daemons mount, and what its first mount adds to the command line: the
-    embedded store, or a postgresql:// database with content in a shared directory."""
+               ) -> tuple[str, list[str], int]:
+    """The store both daemons mount, what its first mount adds to the command line, and how
+    many files: the embedded store, or a postgresql:// database with its content in S3."""
     if request.param == "embedded":
-        return str(store), []
-    return request.getfixturevalue("pg_url"), ["--blobs", str(tmp_path / "shared-blobs")]
+        return str(store), [], FILES["embedded"]
+    return (request.getfixturevalue("pg_url"), ["--blobs", request.getfixturevalue("s3_url")],
+            FILES[request.param])
 
 
-def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory, seed_store: tuple[str, list[str]],
+def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory,
+                                              seed_store: tuple[str, list[str], int],
                                               tmp_path: Path) -> None:
-    store, first = seed_store
+    store, first, files = seed_store
     a = mounter(store, tmp_path / "a", extra=first)
     b = mounter(store, tmp_path / "b")
     qa = Queue.create(a.path, "q", tmp_path / "scratch")
     qb = b.path / "q"
     wait_until(lambda: (qb / "ready").is_dir(), timeout=5, alive=b.daemon_alive,
                what="the queue made through mount A to show in mount B")
-    digests = _make_sources(tmp_path / "src", FILES)
+    digests = _make_sources(tmp_path / "src", files)
     names = sorted(digests)
     done = tmp_path / "producer-done"
-    limit = 600 + FILES * 0.05
+    limit = 600 + files * 0.1
 
     consumers = start_consumers([qa.path, qb], CONSUMERS, tmp_path / "logs", done, limit)
     # the producer: one cp of every file into ready/, through mount A
@@ -93,7 +97,7 @@ def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory, seed_store:
                                 stderr=subprocess.PIPE)
     try:
         # kill -9 mount B's daemon once about a third of the work is done, and mount it again
-        wait_until(lambda: _count(qa.success) >= FILES // 3, timeout=limit,
+        wait_until(lambda: _count(qa.success) >= files // 3, timeout=limit,
                    alive=a.daemon_alive, what="a third of the files to reach success/")
         b.kill9()
         b.start()

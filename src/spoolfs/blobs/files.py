@@ -8,8 +8,13 @@ Staging files ``staging/<entry id>`` hold the content of uploads until it is sea
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
+from typing import NamedTuple
+
+from spoolfs.core.errors import StoreFailure
 
 CHUNK = 1 << 20
 #: the store is its owner's alone (store/private.py); files are made 0600
@@ -36,9 +41,33 @@ def hash_file(fd: int) -> tuple[bytes, int]:
         off += len(chunk)
 
 
+class ObjectInfo(NamedTuple):
+    """What gc and fsck need to know of a stored blob object."""
+
+    stored_ns: int  # when it was last stored or linked (mtime, or ctime when later)
+    size: int
+    links: int  # names of the same bytes (a blob file still linked as a staging file: 2)
+
+
+def file_info(path: str) -> ObjectInfo | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    # ctime, not mtime: link() (placing a blob) and every write set it, touch -d cannot undo it
+    return ObjectInfo(max(st.st_ctime_ns, st.st_mtime_ns), st.st_size, st.st_nlink)
+
+
 class BlobDir:
-    def __init__(self, root: str) -> None:
+    """``remote``: the directory is shared by several hosts' daemons (``--blobs DIR`` of a
+    database store). Its content is then stored before the transaction that references it
+    (``upload``, under a blob id reserved beforehand), as for any remote blob store, since
+    no lock of the store covers the directory; by copy when it is on another file system
+    than this host's staging directory."""
+
+    def __init__(self, root: str, remote: bool = False) -> None:
         self.root = root
+        self.remote = remote
         os.makedirs(root, PRIVATE_DIR, exist_ok=True)
 
     def path(self, sha256: bytes, blob_id: int) -> str:
@@ -62,11 +91,70 @@ class BlobDir:
         fsync_dir(d)
         return dst
 
+    def upload(self, src: str, sha256: bytes, blob_id: int) -> None:
+        """Before the transaction (a shared directory): store ``src`` under its id, durably."""
+        dst = self.path(sha256, blob_id)
+        d = os.path.dirname(dst)
+        if not os.path.isdir(d):
+            os.makedirs(d, PRIVATE_DIR, exist_ok=True)
+            fsync_dir(os.path.dirname(d))
+            fsync_dir(self.root)
+        try:
+            os.link(src, dst)
+        except FileExistsError:
+            if os.path.getsize(dst) != os.path.getsize(src):
+                raise
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                raise
+            tmp = f"{dst}.{os.getpid()}.part"
+            with open(src, "rb") as fi, open(tmp, "wb") as fo:
+                shutil.copyfileobj(fi, fo, CHUNK)
+                fo.flush()
+                os.fsync(fo.fileno())
+            os.replace(tmp, dst)
+        fsync_dir(d)
+
+    def fetch(self, sha256: bytes, blob_id: int, size: int) -> str:
+        """The local path of the content: the file itself."""
+        return self.path(sha256, blob_id)
+
     def remove(self, sha256: bytes, blob_id: int) -> None:
         try:
             os.unlink(self.path(sha256, blob_id))
         except FileNotFoundError:
             pass
+
+    def name(self, sha256: bytes, blob_id: int) -> str:
+        """The stored object's name, as ``walk`` lists it: its path."""
+        return self.path(sha256, blob_id)
+
+    def info(self, name: str) -> ObjectInfo | None:
+        return file_info(name)
+
+    def unlink(self, name: str) -> bool:
+        try:
+            os.unlink(name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def digest(self, name: str) -> tuple[bytes, int] | None:
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return hash_file(fd)
+        finally:
+            os.close(fd)
+
+    def check(self) -> None:
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StoreFailure(f"blob directory {self.root} is not writable")
+
+    def close(self) -> None:
+        pass
 
     def walk(self) -> list[tuple[str, bytes, int]]:
         """Every blob file: (path, sha256, id). Files with other names are reported with id -1."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from spoolfs.blobs import BlobDir, StagingDir, hash_file
+from spoolfs.blobs import StagingDir, hash_file
+from spoolfs.blobs.base import BlobStore
 from spoolfs.core.errors import NoSpace, NotPermitted, SpoolError, StoreFailure, TooLarge
 from spoolfs.store.base import Entry, ReadTx, WriteTx
 
@@ -26,6 +28,8 @@ class Sealed:
     mtime_ns: int  # the upload's last write (or touch): the message's modification time
     data: bytes | None  # inline content, or None: the staging file becomes the blob file
     staging_path: str
+    #: a remote blob store's: the id the content was stored under before the transaction
+    blob_id: int | None = None
 
 
 def staging_error(e: OSError, what: str) -> SpoolError:
@@ -88,7 +92,7 @@ class Handle:
 
 
 class Content:
-    def __init__(self, blobs: BlobDir, staging: StagingDir, inline_max: int = INLINE_MAX
+    def __init__(self, blobs: BlobStore, staging: StagingDir, inline_max: int = INLINE_MAX
                  ) -> None:
         self.blobs = blobs
         self.staging = staging
@@ -149,12 +153,36 @@ class Content:
             os.close(fd)
         return Sealed(sha, size, mtime_ns, data, path)
 
+    def seal_and_store(self, entry_id: int, reserve_id: Callable[[], int]) -> Sealed:
+        """``seal``, then, for a remote blob store, store the content under a blob id
+        reserved for it: before the transaction that attaches it (blocking)."""
+        sealed = self.seal(entry_id)
+        if self.blobs.remote and sealed.data is None:
+            sealed.blob_id = reserve_id()
+            self.blobs.upload(sealed.staging_path, sealed.sha256, sealed.blob_id)
+        return sealed
+
+    def fetch(self, r: ReadTx, entry: Entry) -> None:
+        """Make a published message's content readable here (a remote store: into the local
+        cache; blocking)."""
+        if not self.blobs.remote or entry.staged or entry.blob is None:
+            return
+        blob = r.blob(entry.blob)
+        if blob is not None and blob.data is None:
+            self.blobs.fetch(blob.sha256, blob.id, blob.size)
+
     def attach(self, tx: WriteTx, entry_id: int, sealed: Sealed) -> None:
-        """In a transaction: point the message at the content, sharing an existing blob."""
+        """In a transaction: point the message at the content, sharing an existing blob. (An
+        object stored for it that another row's identical content makes unneeded is an
+        orphan: gc removes it after its grace period.)"""
         blob = tx.blob_by_sha(sealed.sha256)
         if blob is not None:
             bid = blob.id
+        elif sealed.blob_id is not None:
+            bid = tx.blob_insert(sealed.sha256, sealed.size, None, blob_id=sealed.blob_id)
         else:
+            if self.blobs.remote and sealed.data is None:
+                raise StoreFailure("content for a remote blob store was not stored first")
             bid = tx.blob_insert(sealed.sha256, sealed.size, sealed.data)
             if sealed.data is None:
                 self.blobs.place(sealed.staging_path, sealed.sha256, bid)

@@ -38,6 +38,7 @@ import stat
 import time
 from collections.abc import Callable
 
+from spoolfs.blobs.files import file_info
 from spoolfs.core.names import NAME_MAX
 from spoolfs.service import gc
 from spoolfs.store.private import DIR_MODE, FILE_MODE
@@ -49,18 +50,6 @@ CONTENT_KINDS = ("message", "member")
 EMPTY_SHA256 = hashlib.sha256(b"").digest()
 
 
-def _hash_path(path: str) -> tuple[bytes, int] | None:
-    """SHA-256 and size of a file, or None if it is gone."""
-    h = hashlib.sha256()
-    size = 0
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-                size += len(chunk)
-    except FileNotFoundError:
-        return None
-    return h.digest(), size
 
 
 def _show(name: bytes) -> str:
@@ -135,15 +124,15 @@ class Fsck:
         if self._checked % PROGRESS_EVERY == 0:
             self.progress(f"fsck: {self._checked} objects checked")
 
-    def _young(self, path: str) -> bool:
-        """An orphan file that repair would leave alone (grace period, repair mode only)."""
+    def _young(self, path: str, blob: bool = False) -> bool:
+        """An orphan file (a staging file, or a blob object when ``blob``) that repair would
+        leave alone (grace period, repair mode only)."""
         if self.grace_ns is None:
             return False
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
+        info = self.blobs.info(path) if blob else file_info(path)
+        if info is None:
             return True  # gone meanwhile: nothing to report
-        if self.now_ns - max(st.st_ctime_ns, st.st_mtime_ns) < self.grace_ns:
+        if self.now_ns - info.stored_ns < self.grace_ns:
             self.notes.append(f"orphan file {path} is younger than the grace period: left")
             return True
         return False
@@ -205,7 +194,7 @@ class Fsck:
             if row is None or row[0] != sha:
                 if bid >= 0 and sha:
                     self._files[bid] = (path, sha)
-                if not self._young(path):
+                if not self._young(path, blob=True):
                     self._bad(f"orphan blob file {path}")
                     self.orphan_files.append((path, sha, bid))
                 continue
@@ -234,14 +223,13 @@ class Fsck:
                     self.orphan_staging.append(sid)
 
     def _file_problem(self, path: str, sha: bytes, size: int, hash_it: bool = True) -> str | None:
-        """What is wrong with the file of a blob, or None."""
+        """What is wrong with the stored object ``path`` of a blob, or None."""
         if not hash_it:
-            try:
-                got = os.stat(path).st_size
-            except FileNotFoundError:
+            info = self.blobs.info(path)
+            if info is None:
                 return "file missing"
-            return None if got == size else f"file has {got} bytes, not {size}"
-        res = _hash_path(path)
+            return None if info.size == size else f"file has {info.size} bytes, not {size}"
+        res = self.blobs.digest(path)
         if res is None:
             return "file missing"
         digest, got = res
@@ -261,7 +249,7 @@ class Fsck:
         fixes += self._repair_refcounts()
         report = gc.Report()
         gc.sweep_blob_rows(self.maint, self.blobs, self.unreferenced, report)
-        gc.sweep_blob_files(self.maint, self.orphan_files, grace, self.now_ns, report)
+        gc.sweep_blob_files(self.maint, self.blobs, self.orphan_files, grace, self.now_ns, report)
         gc.sweep_staging(self.maint, self.staging, self.orphan_staging, grace, self.now_ns,
                          report)
         fixes += report.lines
@@ -297,7 +285,7 @@ class Fsck:
                 if row is None:
                     continue  # gone meanwhile (its last reference went)
                 sha, size, data = row
-                path = self.blobs.path(sha, bid)
+                path = self.blobs.name(sha, bid)
                 if sha == EMPTY_SHA256:  # the empty content: known without a copy
                     c.make_blob_empty(bid)
                     fixes.append(f"blob {bid}: the empty content restored")
@@ -346,7 +334,7 @@ class Fsck:
         if found is None:
             return None
         path, sha = found
-        res = _hash_path(path)
+        res = self.blobs.digest(path)
         if res is None or res[0] != sha:
             return None
         size = res[1]

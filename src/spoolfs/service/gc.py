@@ -33,7 +33,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from spoolfs.blobs import BlobDir, StagingDir
+from spoolfs.blobs import StagingDir
+from spoolfs.blobs.base import BlobStore
 from spoolfs.core.errors import StoreFailure
 from spoolfs.store.base import Maintenance
 from spoolfs.store.site import Place, as_place
@@ -85,7 +86,7 @@ def _old_enough(path: str, grace_ns: int, now_ns: int) -> os.stat_result | None:
 # --------------------------------------------------------------------------- sweeps
 
 
-def sweep_blob_rows(maint: Maintenance, blobs: BlobDir, candidates: Iterable[int],
+def sweep_blob_rows(maint: Maintenance, blobs: BlobStore, candidates: Iterable[int],
                     report: Report) -> None:
     """Delete blob rows that no message references (checked again under the lock), then their
     files."""
@@ -129,19 +130,29 @@ def _remove_old(path: str, grace_ns: int, now_ns: int, report: Report, what: str
     return True
 
 
-def sweep_blob_files(maint: Maintenance, candidates: Iterable[tuple[str, bytes, int]],
+def sweep_blob_files(maint: Maintenance, blobs: BlobStore,
+                     candidates: Iterable[tuple[str, bytes, int]],
                      grace_ns: int, now_ns: int, report: Report) -> None:
-    """Remove blob files that no row names and that are older than the grace period, while
-    holding the write lock."""
+    """Remove blob objects that no row names and that are older than the grace period, while
+    holding the write lock. (A store shared by hosts holds no lock over its blob store: there
+    the grace period, far longer than any upload waits for its commit, is the guard.)"""
     files = list(candidates)
     if not files:
         return
     with maint.write() as tx:
-        for path, sha, bid in files:
+        for name, sha, bid in files:
             if tx.names_blob_file(sha, bid):
                 continue
-            if _remove_old(path, grace_ns, now_ns, report, "blob file"):
+            info = blobs.info(name)
+            if info is None:
+                continue
+            if now_ns - info.stored_ns < grace_ns:
+                report.young += 1
+                continue
+            if blobs.unlink(name):
                 report.blob_files += 1
+                report.bytes += info.size if info.links <= 1 else 0
+                report.lines.append(f"removed orphan blob file {name} ({info.size} bytes)")
 
 
 def sweep_staging(maint: Maintenance, staging: StagingDir, candidates: Iterable[int],
@@ -178,13 +189,16 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
             unreferenced = tx.unreferenced_blobs()
             staged = tx.staged_ids()
         orphan_files = []
-        for path, sha, bid in blobs.walk():
+        for name, sha, bid in blobs.walk():
             if files_of.get(bid) == sha:
                 continue
-            if _old_enough(path, grace_ns, now) is None:
-                report.young += os.path.lexists(path)
+            info = blobs.info(name)
+            if info is None:
                 continue
-            orphan_files.append((path, sha, bid))
+            if now - info.stored_ns < grace_ns:
+                report.young += 1
+                continue
+            orphan_files.append((name, sha, bid))
         orphan_staging = []
         for sid in staging.ids():
             if sid in staged:
@@ -195,7 +209,7 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
             orphan_staging.append(sid)
         # sweep: each candidate checked again under the write lock
         sweep_blob_rows(maint, blobs, unreferenced, report)
-        sweep_blob_files(maint, orphan_files, grace_ns, now, report)
+        sweep_blob_files(maint, blobs, orphan_files, grace_ns, now, report)
         sweep_staging(maint, staging, orphan_staging, grace_ns, now, report)
     finally:
         maint.close()

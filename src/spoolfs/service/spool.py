@@ -396,6 +396,8 @@ class Spool:
             self._check_modify(e)
         if truncate:
             self.truncate(e, 0)
+        if self.content.blobs.remote and not e.staged and e.blob is not None:
+            await trio.to_thread.run_sync(self.content.fetch, self.r, e)
         return self._open_handle(e, writable, who)
 
     def _check_modify(self, e: Entry) -> None:
@@ -639,6 +641,9 @@ class Spool:
         self.content.cleanup([("staging", e.id)])
 
     async def _seal(self, e: Entry) -> Sealed:
+        if self.content.blobs.remote:  # stored before the transaction that attaches it
+            return await trio.to_thread.run_sync(self.content.seal_and_store, e.id,
+                                                 self.store.reserve_blob_id)
         if self.size_of(e) > self.content.inline_max:
             return await trio.to_thread.run_sync(self.content.seal, e.id)
         return self.content.seal(e.id)

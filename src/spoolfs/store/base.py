@@ -206,7 +206,10 @@ class WriteTx(ReadTx):
     def blob_by_sha(self, sha256: bytes) -> Blob | None: ...
 
     @abc.abstractmethod
-    def blob_insert(self, sha256: bytes, size: int, data: bytes | None) -> int: ...
+    def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
+                    blob_id: int | None = None) -> int:
+        """A new blob row (refcount 0); ``blob_id``: one from ``Store.reserve_blob_id``,
+        under which a remote blob store already holds the content."""
 
     @abc.abstractmethod
     def blob_ref(self, blob_id: int, delta: int) -> int:
@@ -253,6 +256,10 @@ class Store(abc.ABC):
         time. A failing commit raises ``StoreFailure`` and nothing is applied. With
         ``wait=False`` it never waits for another writer: it raises ``StoreBusy`` before
         running anything instead."""
+
+    def reserve_blob_id(self) -> int:
+        """A blob id no row has or will take (for content stored before its row commits)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no remote content")
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from spoolfs.blobs import BlobDir, StagingDir
+from spoolfs.blobs.base import BlobStore
 from spoolfs.blobs.layout import StoreLayout
 from spoolfs.core.errors import UserError
 from spoolfs.store.base import Maintenance, Store, WriteTx
@@ -61,7 +62,7 @@ def default_local_base() -> str:
 @dataclass(frozen=True)
 class Place:
     url: str  # as given: a store directory, or a URL (which may carry a password)
-    blobs: BlobDir
+    blobs: BlobStore
     staging: StagingDir
     #: this host's own directory: staging files, the read cache, fsck's lost+found; the disk
     #: guard and status watch its disk
@@ -111,8 +112,8 @@ def place_of(url: str, store: Store | None = None, blobs: str | None = None,
             s.close()
     local = local_dir_for(url, local_base or default_local_base())
     os.makedirs(local, 0o700, exist_ok=True)
-    return Place(url, _blob_store(location), StagingDir(os.path.join(local, "staging")), local,
-                 False, location)
+    return Place(url, _blob_store(location, local), StagingDir(os.path.join(local, "staging")),
+                 local, False, location)
 
 
 def as_place(where: str | Place) -> Place:
@@ -145,10 +146,14 @@ def _blobs_location(store: Store, url: str, given: str | None) -> str:
     return recorded
 
 
-def _blob_store(location: str) -> BlobDir:
+def _blob_store(location: str, local: str) -> BlobStore:
+    """The content of a shared store: S3, or a directory every host shares (both stored
+    before the transaction that references them)."""
     if location.startswith("s3://"):
-        raise UserError(f"{location}: S3 content is not available in this build")
-    return BlobDir(location)
+        from spoolfs.blobs.s3 import S3Blobs
+
+        return S3Blobs(location, os.path.join(local, "cache"))
+    return BlobDir(location, remote=True)
 
 
 def require_store(store: str) -> None:

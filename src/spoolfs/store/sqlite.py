@@ -265,10 +265,11 @@ class SqliteWrite(SqliteRead, WriteTx):
                                 (sha256,)).fetchone()
         return Blob(*row) if row else None
 
-    def blob_insert(self, sha256: bytes, size: int, data: bytes | None) -> int:
+    def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
+                    blob_id: int | None = None) -> int:
         cur = self.conn.execute(
-            "INSERT INTO blobs (sha256, size, refcount, data) VALUES (?, ?, 0, ?)",
-            (sha256, size, data))
+            "INSERT INTO blobs (id, sha256, size, refcount, data) VALUES (?, ?, ?, 0, ?)",
+            (blob_id, sha256, size, data))
         return cast(int, cur.lastrowid)  # set after an INSERT
 
     def blob_ref(self, blob_id: int, delta: int) -> int:
