@@ -1,0 +1,170 @@
+"""Publishing: sealing uploads and their arrival in ready/ (duplicates and fan-out,
+DESIGN §5), uploads refused because their writer did not finish.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from spoolfs.core.errors import (
+    Exists,
+    Invalid,
+    NoSpace,
+    NoSubscriber,
+    NotFound,
+    NotPermitted,
+    SpoolError,
+    StoreFailure,
+)
+from spoolfs.core.names import is_staging_name
+from spoolfs.core.rules import Action, State
+from spoolfs.core.transitions import Context
+from spoolfs.service import batches
+from spoolfs.service.batches import is_batch
+from spoolfs.service.content import Sealed
+from spoolfs.service.moves import apply, make, place
+from spoolfs.service.spool_core import SpoolCore, Who, free_name
+from spoolfs.store.base import Entry, WriteTx
+
+log = logging.getLogger(__name__)
+
+class Publishing(SpoolCore):
+    def _arrive(self, tx: WriteTx, entry_id: int, now: int, who: Who,
+                path: tuple[int, ...] = ()) -> bool:
+        """In the publishing transaction: apply the queue's ``duplicates`` and ``fanout``
+        policies to a message that just entered its ``ready/``. Raises (refusing the whole
+        publish) for a rejected duplicate or a missing subscriber. True when the message left
+        ``ready/`` (a skipped duplicate, or a topic's message handed to its subscribers)."""
+        cur = tx.get(entry_id)
+        if cur is None or cur.queue is None or is_staging_name(cur.name):
+            return False
+        queue = tx.get(cur.queue)
+        assert queue is not None
+        qname = queue.name.decode(errors="replace")
+        policy = self.policies.of(cur.queue)
+        if policy.duplicates != "allow" and cur.blob is not None:
+            orig = tx.published_with(cur.queue, cur.blob, now - policy.duplicates_window, cur.id)
+            if orig is not None:
+                shown = orig.name.decode(errors="replace")
+                why = f"duplicate of message {orig.id} ({place(orig)}/{shown})"
+                if policy.duplicates == "reject":
+                    raise Exists(f"queue {qname}: {why}")
+                self._to_success(tx, cur, now, who, Action.DUPLICATE, why, duplicate_of=orig.id)
+                return True
+        if not policy.fanout:
+            return False
+        if cur.queue in path:  # refused when the policy is set; never loop regardless
+            raise Invalid(f"queue {qname}: fanout cycle")
+        for sub in policy.fanout:
+            sq = tx.lookup(queue.parent, sub.encode()) if queue.parent is not None else None
+            ready = tx.lookup(sq.id, b"ready") if sq is not None and sq.kind == "queue" else None
+            if ready is None:
+                raise NoSubscriber(f"queue {qname} fans out to {sub!r}, which does not exist")
+            name = free_name(tx, ready.id, cur.name)
+            copy = make(tx, Action.FANOUT, State.READY, Context(now), (who.uid, who.pid),
+                        src=f"{qname}/ready", why=f"from message {cur.id} of queue {qname}",
+                        parent=ready.id, name=name, kind="message", queue=ready.queue,
+                        blob=cur.blob, size=cur.size, mode=cur.mode, uid=cur.uid, gid=cur.gid,
+                        mtime_ns=cur.mtime_ns, created_ns=now)
+            if is_batch(cur):
+                batches.copy_tree(tx, cur, copy, now)
+            else:
+                assert cur.blob is not None, "a published message has sealed content"
+                tx.blob_ref(cur.blob, 1)
+            tx.copy_xattrs(cur.id, copy.id)
+            self._arrive(tx, copy.id, now, who, path + (cur.queue,))
+        self._to_success(tx, cur, now, who, Action.FANOUT, "to " + ", ".join(policy.fanout))
+        return True
+
+    @staticmethod
+    def _to_success(tx: WriteTx, cur: Entry, now: int, who: Who, action: Action, why: str,
+                    **fields: Any) -> None:
+        assert cur.queue is not None and cur.parent is not None
+        success = tx.lookup(cur.queue, State.SUCCESS.value.encode())
+        assert success is not None
+        apply(tx, cur, action, State.SUCCESS, Context(now), (who.uid, who.pid),
+              into=(success.id, free_name(tx, success.id, cur.name)), why=why, **fields)
+
+    async def _publish_settled(self, e: Entry, who: Who) -> None:
+        assert e.parent is not None
+        done = trio.Event()  # registered before the first await: see settle()
+        self._settling.setdefault(e.parent, []).append(done)
+        try:
+            if e.id in self._failed:  # the writer saw a write fail: the content is not whole
+                raise NoSpace("a write to this upload failed; it was not published")
+            unfinished = self._unfinished.get(e.id)
+            if unfinished is not None:  # its content may be cut anywhere: never claimable
+                await self._refused_upload(e, who, f"its writer {unfinished}")
+                return
+            await self._publish_hidden(e, who)
+        except (NotFound, StoreFailure):
+            raise  # gone meanwhile, or the store failed: recovery at mount reconciles it
+        except SpoolError as refused:  # a rejected duplicate, a missing subscriber, ...
+            await self._refused_upload(e, who, f"publish refused: {refused}")
+            raise
+        finally:
+            done.set()
+            waiting = self._settling[e.parent]
+            waiting.remove(done)
+            if not waiting:
+                del self._settling[e.parent]
+
+    async def _refused_upload(self, e: Entry, who: Who, why: str) -> None:
+        """An upload into ``ready/`` that is not published at close (refused, or its writer
+        did not finish) goes to ``partial/``, visible with all its bytes, to be fixed and
+        published again (never stranded unseen)."""
+        now = self.clock()
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(e.id)
+            if cur is None or not cur.hidden or cur.queue is None or cur.parent is None:
+                return
+            partial = tx.lookup(cur.queue, State.PARTIAL.value.encode())
+            assert partial is not None
+            apply(tx, cur, Action.REFUSED, State.PARTIAL, Context(now), (who.uid, who.pid),
+                  into=(partial.id, free_name(tx, partial.id, cur.name)), src="upload", why=why)
+
+        await self.tx(fn)
+        log.warning("upload %r: not published at close (%s); moved to partial/", e.name, why)
+
+    async def settle(self, parent: int) -> None:
+        """Wait until uploads into ``parent`` whose last writer has closed have appeared."""
+        while parent in self._settling:
+            await self._settling[parent][0].wait()
+
+    async def _publish_hidden(self, e: Entry, who: Who) -> None:
+        sealed = await self._seal(e)
+        now = self.clock()
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(e.id)
+            if cur is None or not cur.hidden:
+                raise NotFound()
+            self.content.attach(tx, e.id, sealed)
+            apply(tx, cur, Action.PUBLISH, State.READY, Context(now), (who.uid, who.pid),
+                  src="upload", dst=place(cur))
+            self._arrive(tx, e.id, now, who)
+
+        await self.tx(fn)
+        self.content.cleanup([("staging", e.id)])
+
+    async def _seal(self, e: Entry) -> Sealed:
+        if self.content.blobs.remote:  # stored before the transaction that attaches it
+            return await trio.to_thread.run_sync(self.content.seal_and_store, e.id,
+                                                 self.store.reserve_blob_id)
+        if self.size_of(e) > self.content.inline_max:
+            return await trio.to_thread.run_sync(self.content.seal, e.id)
+        return self.content.seal(e.id)
+
+    async def _seal_batch(self, root: Entry) -> list[tuple[int, Sealed]]:
+        """Publishing a batch seals every file in it; none may still be open for writing."""
+        out = []
+        for m in batches.walk(self.r, root):
+            if m.staged:
+                if self._writers.get(m.id, 0) > 0:
+                    raise NotPermitted(f"{m.name!r} in the batch is still open for writing")
+                out.append((m.id, await self._seal(m)))
+        return out

@@ -1,0 +1,239 @@
+"""The spool's shared part: its state, the one transaction helper (``tx``), reading
+the tree and leases. The use cases build on it, one module each (service/spool.py).
+"""
+
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+
+from spoolfs.core import lifecycle as L
+from spoolfs.core import rules
+from spoolfs.core.errors import (
+    NotADirectory,
+    NotFound,
+    NotPermitted,
+)
+from spoolfs.core.names import NAME_MAX, check_message_name
+from spoolfs.core.rules import DirKind, Kind, State
+from spoolfs.service import batches, status
+from spoolfs.service.batches import MEMBER, is_batch, is_dir
+from spoolfs.service.committer import Committer
+from spoolfs.service.content import INLINE_MAX, Content, Handle
+from spoolfs.service.guard import DiskGuard
+from spoolfs.service.policies import Policies
+from spoolfs.service.roles import Caller
+from spoolfs.service.snapshots import Full, Snapshots, shown_to
+from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
+from spoolfs.store.site import Place, embedded
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+RENAME_WHITEOUT = 4
+
+SPOOL_XATTR = b"user.spool."
+
+@dataclass(slots=True, frozen=True)
+class Who:
+    """The caller of a request, recorded in history."""
+
+    uid: int = 0
+    gid: int = 0
+    pid: int = 0
+
+
+def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
+    """``name``, or ``name.~N~`` when it is taken: an automatic move never replaces anything."""
+    if tx.lookup(parent, name) is None:
+        return name
+    n = 1
+    while True:
+        suffix = b".~%d~" % n
+        candidate = name[:NAME_MAX - len(suffix)] + suffix
+        if tx.lookup(parent, candidate) is None:
+            return candidate
+        n += 1
+
+
+
+class SpoolCore:
+    #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT
+    STALE_MAX = 1000
+
+    def __init__(self, store: Store, where: str | Place,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        """``where``: the store directory of an embedded store, or the ``Place`` of any."""
+        self.store = store
+        self.r: ReadTx = store.reader()
+        self.place = where if isinstance(where, Place) else embedded(where)
+        self.store_dir = self.place.local  # this host's part: the disk the guard watches
+        self.content = Content(self.place.blobs, self.place.staging,
+                               INLINE_MAX if self.place.embedded else 0)
+        self.committer = Committer(store)
+        self.clock = clock
+        self._writers: dict[int, int] = {}  # entry id -> open writable handles here
+        self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
+        self.policies = Policies(self.r)
+        self.guard = DiskGuard(self.place.local, store.reserve)
+        self._failed: set[int] = set()  # uploads a write failed on: never published as they are
+        #: uploads whose writer did not finish (killed, exited non-zero) -> why: never published
+        self._unfinished: dict[int, str] = {}
+        #: called with (parent, name) when the lifecycle moves or purges a message, so that the
+        #: kernel drops a name it may have cached
+        self.on_gone: Callable[[int, bytes], None] = lambda parent, name: None
+        #: called with entry ids whose attributes changed without a request naming them (the
+        #: link count of every message sharing content that was linked or released)
+        self.on_stale: Callable[[list[int]], None] = lambda ids: None
+        self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
+        self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
+
+    async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
+        return await self.committer.submit(fn, durable)
+
+    def get(self, entry_id: int) -> Entry:
+        e = self.r.get(entry_id)
+        if e is None:
+            raise NotFound(f"no entry {entry_id}")
+        return e
+
+    def lookup(self, parent: int, name: bytes) -> Entry:
+        if len(name) > 255:
+            check_message_name(name)
+        e = self.r.lookup(parent, name)
+        if e is None or e.hidden:
+            raise NotFound()
+        return e
+
+    def listdir(self, parent: int) -> list[Entry]:
+        d = self.get(parent)
+        if not is_dir(d):
+            raise NotADirectory()
+        return [e for e in self.r.children(parent) if not e.hidden]
+
+    async def snapshot(self, caller: Caller | None = None, only_queue: int | None = None
+                       ) -> dict[str, Any]:
+        """What ``spoolfs status`` shows (DESIGN §7), as ``caller`` may see it (``None``: all
+        queues); computed off the event loop (service/snapshots.py)."""
+        return shown_to(await self.snapshots.get(), caller, only_queue)
+
+    def _full_snapshot(self) -> Full:
+        """Every queue's figures, in a worker thread on the store's scan connection."""
+        with self.store.scan() as r:
+            return Full(status.snapshot(r, self.place, self.policies.of, self.clock()),
+                        status.access(r))
+
+    def being_written(self, entry_id: int) -> bool:
+        """Whether a writable handle on the entry is open through this daemon."""
+        return entry_id in self._writers
+
+    def size_of(self, e: Entry) -> int:
+        return self.times(e)[0]
+
+    def times(self, e: Entry) -> tuple[int, int, int, int]:
+        """(size, atime, mtime, ctime). An upload's are its staging file's, whose change time
+        moves on every write and truncate; a rename or chmod moves the row's."""
+        if e.staged:
+            try:
+                st = os.stat(self.content.staging.path(e.id))
+            except OSError:
+                pass
+            else:
+                return st.st_size, st.st_atime_ns, st.st_mtime_ns, max(e.ctime_ns,
+                                                                        st.st_ctime_ns)
+        atime = e.atime_ns if e.atime_ns is not None else e.mtime_ns
+        return e.size, atime, e.mtime_ns, e.ctime_ns
+
+    def nlink_of(self, e: Entry) -> int:
+        """A file's link count is the number of messages sharing its content; a directory's
+        is 2 + its subdirectories, as on ext4. A queue always holds its five states. Other
+        state directories than working/ may hold millions of messages: they report 1, the
+        usual "not counted" (find and fts then look inside every directory)."""
+        if not is_dir(e):
+            return e.refs or 1
+        if e.kind == "queue":
+            return 2 + len(rules.STATES)
+        if e.kind == "state" and e.state is not State.WORKING:
+            return 1
+        return 2 + self.r.subdirs(e.id)
+
+    @staticmethod
+    def dir_kind(e: Entry) -> DirKind:
+        if e.kind in ("message", MEMBER):
+            raise NotADirectory()
+        return DirKind(e.kind)
+
+    def _message_dir(self, d: Entry) -> State:
+        """The state a message placed in directory ``d`` would have."""
+        if d.kind in ("state", "consumer") and d.state is not None:
+            return d.state
+        if not is_dir(d):
+            raise NotADirectory()
+        if d.kind in ("message", MEMBER):
+            raise NotPermitted("a batch's files are made inside it in partial/, not moved in")
+        raise NotPermitted(f"messages live in state directories, not in a {d.kind}")
+
+    def kind(self, e: Entry) -> Kind:
+        assert e.state is not None
+        return rules.kind_of(e.state, e.name)
+
+    def holds(self, entry_id: int) -> bool:
+        """Whether a handle on the entry is open through this daemon (it holds the lease)."""
+        return entry_id in self._open
+
+    async def _lease_from_now(self, entry_id: int, only_if_due: bool = False) -> None:
+        """Extend a claimed message's lease to a full timeout from now (a touch, the last
+        close, or a read or open handle once half of the lease is gone)."""
+        e = self.r.get(entry_id)
+        if e is None or e.state is not State.WORKING or e.lease_ns is None:
+            return
+        policy = self.policies.of(e.queue)
+        now = self.clock()
+        if only_if_due and not L.renewal_due(policy, e.lease_ns, now):
+            return
+        until = L.lease_end(policy, now)
+        if until - e.lease_ns < min(L.NS, policy.lease_timeout // 10):
+            return  # a negligible extension (a close right after the claim): no commit
+
+        def fn(tx: WriteTx) -> None:
+            cur = tx.get(entry_id)
+            if cur is not None and cur.state is State.WORKING and cur.lease_ns is not None:
+                tx.update(entry_id, lease_ns=max(until, cur.lease_ns))
+
+        await self.tx(fn, durable=False)
+
+    async def reading(self, h: Handle) -> None:
+        """A read keeps the lease of a claimed message (checked at most once a second)."""
+        now = time.monotonic()
+        if now - h.lease_checked >= 1.0:
+            h.lease_checked = now
+            await self._lease_from_now(h.lease_id, only_if_due=True)
+
+    async def renew_held(self) -> None:
+        """Extend the leases of claimed messages held open here, once half is gone."""
+        for entry_id in list(self._open):
+            await self._lease_from_now(entry_id, only_if_due=True)
+
+    def _link_counts_changed(self, blob_id: int | None) -> None:
+        if blob_id is not None:
+            self.on_stale(self.r.sharing(blob_id, self.STALE_MAX))
+
+    def delete_message(self, tx: WriteTx, e: Entry, cleanup: list[tuple[str, object]]) -> None:
+        """In a transaction: delete a message (a batch with all its files) and drop its hold
+        on content; files go in ``cleanup`` after the commit."""
+        if is_batch(e):
+            batches.delete_tree(tx, e, lambda tx, m: self.content.release(tx, m, cleanup))
+        tx.delete(e.id)  # the row first: the last reference may delete its blob row
+        self.content.release(tx, e, cleanup)
+
+    def statfs(self) -> os.statvfs_result:
+        return os.statvfs(self.store_dir)

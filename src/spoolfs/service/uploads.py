@@ -1,0 +1,194 @@
+"""Uploads: creating, opening, writing and closing files in partial/ and ready/ (an
+upload into ready/ is published when its last writer closes it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from typing import Any
+
+import trio
+
+from spoolfs.core import rules
+from spoolfs.core.errors import (
+    Exists,
+    IsADirectory,
+    SpoolError,
+)
+from spoolfs.core.names import check_message_name
+from spoolfs.core.rules import Action
+from spoolfs.core.transitions import Context, fields_of, transition
+from spoolfs.service import batches
+from spoolfs.service.batches import MEMBER, is_dir
+from spoolfs.service.content import Handle, staging_error
+from spoolfs.service.publishing import Publishing
+from spoolfs.service.roles import inherit
+from spoolfs.service.spool_core import Who
+from spoolfs.store.base import Entry, WriteTx
+
+log = logging.getLogger(__name__)
+
+
+class Uploads(Publishing):
+    async def create(self, parent: int, name: bytes, mode: int, who: Who) -> tuple[Entry, Handle]:
+        """A new upload, opened for writing. In ``ready/`` (not a staging name) it stays
+        invisible until its last writer closes, then appears complete."""
+        d = self.get(parent)
+        if d.kind in ("message", MEMBER) and is_dir(d):
+            return await self._create_member(d, name, mode, who)
+        state = self._message_dir(d)
+        check_message_name(name)
+        action = rules.decide_create(rules.kind_of(state, name))
+        self.guard.check(self.policies.of(d.queue))
+        now = self.clock()
+        return await self._new_upload(d, name, mode, who, now, kind="message", queue=d.queue,
+                                      state=state, **fields_of(transition(action, state), None,
+                                                               Context(now)))
+
+    async def _new_upload(self, d: Entry, name: bytes, mode: int, who: Who, now: int,
+                          **fields: Any) -> tuple[Entry, Handle]:
+        """The row and the empty staging file of a new upload in ``d``, opened for writing."""
+        fields.setdefault("ctime_ns", now)
+        made: list[Handle] = []
+
+        def fn(tx: WriteTx) -> Entry:
+            if tx.lookup(d.id, name) is not None:
+                raise Exists()
+            e = tx.insert(parent=d.id, name=name, staged=1, mode=stat.S_IFREG | (mode & 0o7777),
+                          uid=who.uid, gid=inherit(d, who.gid, mode, is_dir=False)[0],
+                          mtime_ns=now, created_ns=now, **fields)
+            made.append(self.content.new_upload(e.id))  # held before the row commits
+            return e
+
+        try:
+            e = await self.tx(fn, durable=False)
+        except BaseException:
+            for h in made:  # rolled back: the file names no row (recovery removes it)
+                h.close()
+            raise
+        return e, self._open_handle(e, writable=True, who=who, handle=made[-1])
+
+    async def _create_member(self, d: Entry, name: bytes, mode: int, who: Who
+                             ) -> tuple[Entry, Handle]:
+        """A file in a batch being built in partial/."""
+        check_message_name(name)
+        root = batches.check_mutable(self.r, d)
+        self.guard.check(self.policies.of(root.queue))
+        return await self._new_upload(d, name, mode, who, self.clock(), kind=MEMBER,
+                                      queue=root.queue)
+
+    def _open_handle(self, e: Entry, writable: bool, who: Who, handle: Handle | None = None
+                     ) -> Handle:
+        h = handle if handle is not None else self.content.open(self.r, e, writable)
+        h.opener = who.pid
+        h.queue = e.queue
+        if e.kind == MEMBER:
+            h.lease_id = batches.root_of(self.r, e).id
+        self._open[h.lease_id] = self._open.get(h.lease_id, 0) + 1
+        if writable:
+            self._writers[e.id] = self._writers.get(e.id, 0) + 1
+        return h
+
+    async def open(self, entry_id: int, writable: bool, truncate: bool, who: Who) -> Handle:
+        e = self.get(entry_id)
+        if e.kind not in ("message", MEMBER) or is_dir(e):
+            raise IsADirectory()
+        if writable or truncate:
+            self._check_modify(e)
+        if truncate:
+            self.truncate(e, 0)
+        if self.content.blobs.remote and not e.staged and e.blob is not None:
+            await trio.to_thread.run_sync(self.content.fetch, self.r, e)
+        return self._open_handle(e, writable, who)
+
+    def _check_modify(self, e: Entry) -> None:
+        if e.kind == MEMBER:
+            batches.check_mutable(self.r, e)
+        else:
+            rules.decide_modify(self.kind(e), e.hidden, e.staged)
+
+    def truncate(self, e: Entry, size: int) -> None:
+        """Resize an upload's staging file (its size is the file's: no transaction)."""
+        fd = self.content.staging.open(e.id, create=True)
+        try:
+            os.ftruncate(fd, size)
+        except OSError as err:
+            raise staging_error(err, f"resize of staging file {e.id}") from err
+        finally:
+            os.close(fd)
+
+    def awaits_publish(self, h: Handle) -> bool:
+        """Whether ``h`` writes an upload into ``ready/`` that has not appeared yet."""
+        if not h.writable or h.done:
+            return False
+        e = self.r.get(h.entry_id)
+        return e is not None and e.hidden
+
+    def writer_failed(self, h: Handle, why: str) -> None:
+        """A process writing through ``h`` did not finish (``why``: it ``was killed by
+        SIGKILL``, ...): its upload into ``ready/`` is never published as it is."""
+        if self.awaits_publish(h):
+            self._unfinished.setdefault(h.entry_id, why)
+            log.info("upload %d: its writer %s", h.entry_id, why)
+
+    async def publish_at_close(self, h: Handle, who: Who, unfinished: str | None = None
+                               ) -> None:
+        """The opener closed its descriptor and holds no other: an upload into ``ready/``
+        appears now, durable before ``close(2)`` returns (``cp x ready/`` then exits 0 only
+        once the message is safe). Later writes through a copy of the descriptor are refused.
+
+        ``unfinished`` says how the opener ended when it did not finish (``was killed by
+        SIGKILL``, ``exited with status 1``). Such an upload, or one a process holding a copy
+        of the descriptor did not finish (``writer_failed``), is never published: it goes to
+        ``partial/`` with the bytes written so far, now or, if another writer still holds
+        it, at that writer's last close; a copy of the descriptor writes on into it there."""
+        if not self.awaits_publish(h):
+            return
+        if unfinished is not None:
+            self.writer_failed(h, unfinished)
+        if self._writers.get(h.entry_id, 0) > 1:
+            return  # another writer holds it: the last close decides
+        h.done = h.entry_id not in self._unfinished
+        await self._publish_settled(self.get(h.entry_id), who)
+
+    async def close(self, h: Handle, who: Who) -> None:
+        """The last writable handle publishes a pending upload into ``ready/``.
+        Requests read after this one (the writer's next command) wait in ``settle`` until
+        the upload has appeared."""
+        h.close()
+        left = self._open.get(h.lease_id, 1) - 1
+        if left > 0:
+            self._open[h.lease_id] = left
+        else:
+            self._open.pop(h.lease_id, None)
+            await self._lease_from_now(h.lease_id)
+        if not h.writable:
+            return
+        n = self._writers.get(h.entry_id, 1) - 1
+        if n > 0:
+            self._writers[h.entry_id] = n
+            return
+        self._writers.pop(h.entry_id, None)
+        e = self.r.get(h.entry_id)
+        try:
+            if e is not None and e.hidden and not h.done:
+                await self._publish_settled(e, who)
+        finally:
+            self._failed.discard(h.entry_id)
+            self._unfinished.pop(h.entry_id, None)
+
+    # ---- arrival in ready/: duplicates and fan-out (DESIGN §5) ---------------------------
+
+    #: publishes that make a message arrive in a queue's ready/
+    ARRIVALS = frozenset({Action.PUBLISH, Action.DIRECT_PUBLISH, Action.LINK_PUBLISH,
+                          Action.FORWARD, Action.REDRIVE})
+
+    def write(self, h: Handle, off: int, buf: bytes) -> int:
+        try:
+            self.guard.check(self.policies.of(h.queue), len(buf))
+            return h.write(off, buf)
+        except SpoolError:
+            self._failed.add(h.entry_id)
+            raise
