@@ -420,3 +420,25 @@ async def test_what_cannot_be_repaired_is_reported_and_fails(
     assert out[-1] == "fsck: 1 problem(s) left after repair"
     assert has(out, f"message {m}", "needs exactly one of blob / staging")
     sql(store, "UPDATE entries SET staged = 0 WHERE id = ?", m)
+
+
+async def test_a_repair_applies_the_repair_rows_effects(env: Env) -> None:
+    """fsck moves a message through the transition table like every mover: a message that
+    was abandoned in error/ before its content was lost gets exactly the REPAIR row's fields."""
+    from spoolfs.core.rules import Action, kind_of
+    from spoolfs.core.transitions import Context, fields_of, transition
+
+    spool, q, store = env
+    m = await upload(spool, q[State.READY], b"m", os.urandom(BIG))
+    sql(store, "UPDATE entries SET abandoned = 1, retry_ns = 5 WHERE id = ?", m)
+    os.unlink(blob_path(spool, m))
+    before = spool.get(m)
+    _, fixes = repair(store)
+    assert has(fixes, "content lost")
+    e = spool.get(m)
+    want = fields_of(transition(Action.REPAIR, State.ERROR), kind_of(State.READY, b"m"),
+                     Context(e.finished_ns or 0, reason=e.error))
+    for column, value in want.items():
+        assert getattr(e, column) == value, (column, getattr(e, column), value)
+    assert e.attempts == before.attempts and e.enqueued_ns == before.enqueued_ns
+    assert spool.r.history(m)[-1][1] == Action.REPAIR.value

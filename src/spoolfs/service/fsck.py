@@ -40,6 +40,8 @@ from collections.abc import Callable
 
 from spoolfs.blobs.files import file_info
 from spoolfs.core.names import NAME_MAX
+from spoolfs.core.rules import Action, State, kind_of
+from spoolfs.core.transitions import Context, fields_of, transition
 from spoolfs.service import gc
 from spoolfs.store.private import DIR_MODE, FILE_MODE
 from spoolfs.store.site import Place, as_place
@@ -398,9 +400,12 @@ class Fsck:
         target = parent if err is None else err
         new_name = name if target == parent else self._free_name(target, name)
         new_state = "error" if err is not None else state
-        c.move_failed(eid, target, new_name, new_state, now, reason.encode())
+        # the REPAIR row's effects, as every mover applies a row (service/moves.py)
+        fields = fields_of(transition(Action.REPAIR, State.ERROR),
+                           kind_of(State(state), bytes(name)), Context(now, reason=reason.encode()))
+        c.move_entry(eid, target, new_name, {**fields, "state": new_state})
         src = f"{state}/{consumer}" if consumer else state
-        c.add_repair(eid, now, src, new_state, os.getpid(), reason)
+        c.add_history(eid, now, Action.REPAIR.value, src, new_state, os.getpid(), reason)
         where_to = (f"moved to error/ as {_show(new_name)}" if err is not None
                     else "left in place (its queue has no error/ directory)")
         return f"message {eid} {_show(name)} ({src}): {reason}; {where_to}"

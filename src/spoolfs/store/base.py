@@ -368,12 +368,14 @@ class FsckTx(GcTx):
     def name_taken(self, parent: int, name: bytes) -> bool: ...
 
     @abc.abstractmethod
-    def move_failed(self, entry_id: int, parent: int, name: bytes, state: str, now_ns: int,
-                    error: bytes) -> None: ...
+    def move_entry(self, entry_id: int, parent: int, name: bytes, fields: dict[str, Any]
+                   ) -> None:
+        """Put an entry at (parent, name) with ``fields`` (a transition row's effects, which
+        the caller computed: no field policy lives here)."""
 
     @abc.abstractmethod
-    def add_repair(self, entry_id: int, at_ns: int, src: str, dst: str, pid: int,
-                   reason: str) -> None: ...
+    def add_history(self, entry_id: int, at_ns: int, action: str, src: str, dst: str, pid: int,
+                    reason: str) -> None: ...
 
     @abc.abstractmethod
     def refcount_and_references(self, blob_id: int) -> tuple[int, int] | None: ...

@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from spoolfs.core.errors import StoreFailure
+from spoolfs.core.rules import State
 from spoolfs.store import schema
-from spoolfs.store.base import FsckTx, GcTx, Maintenance
+from spoolfs.store.base import ENTRY_COLUMNS, FsckTx, GcTx, Maintenance
 from spoolfs.store.reserve import Reserve
 from spoolfs.store.sqlite import BUSY_TIMEOUT_MS, raise_if_full
 
@@ -158,18 +159,21 @@ class SqliteFsckTx(SqliteGcTx, FsckTx):
         return self.conn.execute("SELECT 1 FROM entries WHERE parent=? AND name=?",
                                  (parent, name)).fetchone() is not None
 
-    def move_failed(self, entry_id: int, parent: int, name: bytes, state: str, now_ns: int,
-                    error: bytes) -> None:
-        self.conn.execute(
-            "UPDATE entries SET parent=?, name=?, state=?, consumer=NULL, lease_ns=NULL, "
-            "retry_ns=NULL, finished_ns=?, ctime_ns=?, error=?, hidden=0 WHERE id=?",
-            (parent, name, state, now_ns, now_ns, error, entry_id))
+    def move_entry(self, entry_id: int, parent: int, name: bytes, fields: dict[str, Any]
+                   ) -> None:
+        for k in fields:
+            if k not in ENTRY_COLUMNS or k in ("id", "parent", "name"):
+                raise ValueError(f"unknown entry column {k}")
+        sets = "".join(f", {k}=?" for k in fields)
+        vals = [v.value if isinstance(v, State) else v for v in fields.values()]
+        self.conn.execute(f"UPDATE entries SET parent=?, name=?{sets} WHERE id=?",
+                          (parent, name, *vals, entry_id))
 
-    def add_repair(self, entry_id: int, at_ns: int, src: str, dst: str, pid: int,
-                   reason: str) -> None:
+    def add_history(self, entry_id: int, at_ns: int, action: str, src: str, dst: str, pid: int,
+                    reason: str) -> None:
         self.conn.execute("INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
-                          "VALUES (?, ?, 'repair', ?, ?, NULL, ?, ?)",
-                          (entry_id, at_ns, src, dst, pid, reason))
+                          "VALUES (?, ?, ?, ?, ?, NULL, ?, ?)",
+                          (entry_id, at_ns, action, src, dst, pid, reason))
 
     def refcount_and_references(self, blob_id: int) -> tuple[int, int] | None:
         row = self.conn.execute("SELECT refcount, (SELECT COUNT(*) FROM entries WHERE blob=?) "
