@@ -21,9 +21,11 @@ from spoolfs.service.spool import Spool
 from spoolfs.store.base import WriteTx
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
-    async with running(tmp_path) as spool:
+@pytest.fixture(params=["sqlite", "memory"])
+async def env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
+    """The service's rules hold on every engine: each test of ``env`` runs on the embedded
+    engine and on the in-memory one."""
+    async with running(tmp_path, request.param) as spool:
         qe = await spool.mkdir(1, b"q", 0o755, WHO)
         yield spool, Q(spool, qe.id)
 

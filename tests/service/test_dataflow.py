@@ -44,9 +44,9 @@ class Env:
         return mid
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    async with running(tmp_path) as spool:
+@pytest.fixture(params=["sqlite", "memory"])
+async def env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Env]:
+    async with running(tmp_path, request.param) as spool:
         yield Env(spool)
 
 
