@@ -202,3 +202,16 @@ def test_a_sequence_of_expiries_ends_abandoned_after_max_attempts(attempts: int)
             break
         now = outcome.retry_ns
     assert n == attempts and outcome.abandoned
+
+
+def test_renewing_a_lease_is_a_row_of_the_table() -> None:
+    """A claimed message kept (touch, a read, a handle held open): only its lease moves."""
+    from spoolfs.core.errors import NotPermitted
+    from spoolfs.core.rules import Action, Kind, State
+    from spoolfs.core.transitions import Context, fields_of, transition
+
+    row = transition(Action.RENEW, State.WORKING)
+    assert fields_of(row, Kind.WORKING, Context(5, lease_end=99)) == {"lease_ns": 99}
+    for elsewhere in (Kind.READY, Kind.ERROR, None):
+        with pytest.raises(NotPermitted):
+            fields_of(row, elsewhere, Context(5, lease_end=99))

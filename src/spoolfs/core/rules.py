@@ -80,6 +80,7 @@ class Action(enum.Enum):
     REPLACED = "replaced"  # a rename onto an existing name released the entry it replaced
     RECOVERED = "recovered"  # at mount: an upload into ready/ never closed before a crash
     REPAIR = "repair"  # fsck --repair: a message whose content is lost, to error/
+    RENEW = "renew"  # a claim kept (touch, a read, a handle held open): its lease from now
 
 
 _S, _Q, _O = Scope.SAME_DIR, Scope.SAME_QUEUE, Scope.OTHER_QUEUE
@@ -144,8 +145,9 @@ MUTABLE: frozenset[Kind] = frozenset({K.PARTIAL, K.STAGING})
 HEADER_KINDS: frozenset[Kind] = MUTABLE
 ERROR_REASON_KINDS: frozenset[Kind] = frozenset({K.WORKING})
 
-#: Transitions that must be on disk before the call returns. Uploads in progress need not be.
-DURABLE: frozenset[Action] = frozenset(A) - {A.UPLOAD, A.LINK}
+#: Transitions that must be on disk before the call returns. Uploads in progress need not be,
+#: nor a renewed lease (a crash loses at most an extension: the claim still holds its old one).
+DURABLE: frozenset[Action] = frozenset(A) - {A.UPLOAD, A.LINK, A.RENEW}
 
 
 def scope_of(same_dir: bool, same_queue: bool) -> Scope:

@@ -184,6 +184,7 @@ TRANSITIONS: tuple[Transition, ...] = (
        by_daemon=True),
     _t(A.REPAIR, _ALL, {S.ERROR}, replace(_DONE, error=Reason.GIVEN, hidden=Hidden.SHOW),
        by_daemon=True),
+    _t(A.RENEW, {K.WORKING}, {S.WORKING}, E(lease=Lease.START, ctime=Stamp.KEEP), by_daemon=True),
 )
 
 _INDEX: dict[tuple[Action, State | None], Transition] = {}

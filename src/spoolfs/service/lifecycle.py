@@ -97,7 +97,8 @@ class Lifecycle:
                 return None  # finished, released, renewed or expired by another daemon
             policy = self.spool.policies.of(cur.queue)
             if self.spool.holds(cur.id):  # held open here: the holder keeps it
-                tx.update(cur.id, lease_ns=L.lease_end(policy, now))
+                apply(tx, cur, Action.RENEW, State.WORKING,
+                      Context(now, lease_end=L.lease_end(policy, now)), DAEMON, history=False)
                 return None
             after = L.after_failure(policy, cur.attempts, now, expired=True)
             target = self._state_dir(tx, cur, State.ERROR)

@@ -27,12 +27,14 @@ def place(e: Entry) -> str:
 
 def apply(tx: WriteTx, cur: Entry, action: Action, to: State | None, ctx: Context, by: By, *,
           into: tuple[int, bytes] | None = None, src: str | None = None,
-          dst: str | None = None, why: str | None = None, **extra: Any) -> bool:
+          dst: str | None = None, why: str | None = None, history: bool = True,
+          **extra: Any) -> bool:
     """In a transaction: ``action`` on message ``cur`` into state ``to`` (None: it is being
     deleted, by the caller). With ``into`` (parent, name) it moves there, a compare-and-set on
     ``cur``'s parent and name (False: it moved meanwhile, nothing changed); without, it
     changes in place. ``extra``: fields that are no effect of the table (the queue a rename
-    enters, the original of a duplicate)."""
+    enters, the original of a duplicate). ``history=False``: no history row (a lease renewed
+    by every read would drown the transitions)."""
     assert cur.state is not None
     fields = fields_of(transition(action, to), rules.kind_of(cur.state, cur.name), ctx)
     if to is not None:
@@ -43,6 +45,8 @@ def apply(tx: WriteTx, cur: Entry, action: Action, to: State | None, ctx: Contex
                 return False
         else:
             tx.update(cur.id, **fields)
+    if not history:
+        return True
     if dst is None and to is not None:
         consumer = fields.get("consumer", cur.consumer)
         dst = f"{to.value}/{consumer}" if consumer else to.value

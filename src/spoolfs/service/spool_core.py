@@ -22,12 +22,14 @@ from spoolfs.core.errors import (
     NotPermitted,
 )
 from spoolfs.core.names import NAME_MAX, check_message_name
-from spoolfs.core.rules import DirKind, Kind, State
+from spoolfs.core.rules import Action, DirKind, Kind, State
+from spoolfs.core.transitions import Context
 from spoolfs.service import batches, status
 from spoolfs.service.batches import MEMBER, is_batch, is_dir
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle
 from spoolfs.service.guard import DiskGuard
+from spoolfs.service.moves import DAEMON, apply
 from spoolfs.service.policies import Policies
 from spoolfs.service.roles import Caller
 from spoolfs.service.snapshots import Full, Snapshots, shown_to
@@ -207,7 +209,8 @@ class SpoolCore:
         def fn(tx: WriteTx) -> None:
             cur = tx.get(entry_id)
             if cur is not None and cur.state is State.WORKING and cur.lease_ns is not None:
-                tx.update(entry_id, lease_ns=max(until, cur.lease_ns))
+                apply(tx, cur, Action.RENEW, State.WORKING,
+                      Context(now, lease_end=max(until, cur.lease_ns)), DAEMON, history=False)
 
         await self.tx(fn, durable=False)
 
