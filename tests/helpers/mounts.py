@@ -26,6 +26,32 @@ from helpers.waiting import MOUNT_TIMEOUT, wait_until
 PID_RE = re.compile(rb"\(pid (\d+)\)")
 
 
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+def connection_of(path: Path) -> str | None:
+    """The FUSE connection number (the mount's device minor) of a mount point."""
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split()
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            if os.fsdecode(point) == target:
+                return fields[2].decode().split(":")[1]
+    return None
+
+
+def abort_connection(conn: str) -> None:
+    """Abort a FUSE connection (fusectl): every request waiting on it fails with ENOTCONN."""
+    if not os.path.isdir(os.path.join(FUSECTL, conn)):
+        subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL], capture_output=True)
+    try:
+        with open(os.path.join(FUSECTL, conn, "abort"), "w") as f:
+            f.write("1")
+    except FileNotFoundError:
+        pass  # gone meanwhile
+
+
 def mounted(path: Path) -> bool:
     """Whether ``path`` is in the mount table (also true for a dead FUSE mount, unlike ismount)."""
     target = os.path.realpath(path)
@@ -152,18 +178,33 @@ class Mount:
         return self.start()
 
     def kill9(self) -> None:
-        """SIGKILL the daemon, then clear the dead mount with ``fusermount3 -u -z``."""
+        """SIGKILL the daemon, then clear the dead mount with ``fusermount3 -u -z``.
+
+        A daemon killed while one of its threads was in the kernel sending an invalidation
+        can leave that thread waiting for a directory lock held by a request that waits for
+        the dead daemon: the connection then outlives the process, and requests hang. As an
+        operator would, abort the connection through fusectl then."""
         pid = self.pid
+        conn = connection_of(self.path)
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: process_exited(pid), timeout=10, what=f"daemon {pid} to die")
+        try:
+            wait_until(lambda: process_exited(pid), timeout=5, what=f"daemon {pid} to die")
+        except AssertionError:
+            if conn is None:
+                raise
+            abort_connection(conn)
+            wait_until(lambda: process_exited(pid), timeout=10, what=f"daemon {pid} to die")
         ok("fusermount3", "-u", "-z", str(self.path))
         Mount.live.discard(self)
+        if conn is not None and mounted(self.path):
+            abort_connection(conn)
         wait_until(lambda: not mounted(self.path), timeout=10, what=f"{self.path} to unmount")
 
     def close(self) -> None:
         """Teardown: unmount by any means and make sure the daemon is gone."""
         if self not in Mount.live and not mounted(self.path):
             return
+        conn = connection_of(self.path)
         pid = self._pid if self._pid is not None else self._find_pid()
         try:
             spoolfs_cli("umount", str(self.path), timeout=20)
@@ -171,6 +212,8 @@ class Mount:
             pass
         if mounted(self.path):
             run(["fusermount3", "-u", "-z", str(self.path)])
+        if mounted(self.path) and conn is not None:
+            abort_connection(conn)  # a dead daemon's connection held by a stuck thread
         Mount.live.discard(self)
         if pid is not None:
             try:
