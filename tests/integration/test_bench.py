@@ -54,3 +54,22 @@ def test_bench_default_workloads_report_positive_figures(tmp_path: Path) -> None
 def test_bench_shell_cycle(tmp_path: Path) -> None:
     report = bench(tmp_path, "--only", "shell", "--shell-files", "10")
     assert_positive(report, {"shell"})
+
+
+def test_bench_multi_host_row(tmp_path: Path, pg_url: str, s3_url: str) -> None:
+    """The multi-host row: the small-file cycle and the claims race on PostgreSQL + S3, side by
+    side with the embedded store; the bench's queues do not stay in the shared store."""
+    report = bench(tmp_path, "--files", "40", "--only", "small", "--only", "claims",
+                   "--store", pg_url, "--blobs", s3_url)
+    mh = report["multihost"]
+    assert set(mh["results"]) == {"small", "claims"}
+    for key, r in mh["results"].items():
+        assert r["embedded"] > 0 and r["shared"] > 0 and r["ratio"] > 0, (key, r)
+    assert mh["results"]["claims"]["verified"] is True
+    from spoolfs.store.postgres import PostgresStore
+
+    s = PostgresStore(pg_url)
+    try:
+        assert [e.name for e in s.reader().children(1)] == [], "bench queues left behind"
+    finally:
+        s.close()

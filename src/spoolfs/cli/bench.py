@@ -10,6 +10,10 @@ Workloads (``--only`` picks a subset; ``--shell`` adds the shell one to the defa
 - ``shell``: the small-file cycle as a shell script of real ``cp``/``mv``/``cat`` processes.
 - ``large``: write an M MiB file in partial/ in 1 MiB writes, publish it, read it back.
 
+With ``--store postgresql://... --blobs s3://...|DIR`` a multi-host row follows: the small-file
+cycle and the claims race on a spool of that store (mounted in a fresh queue of it, each round
+its own), side by side with the embedded store's figures.
+
 The figure of each workload is the median of its rounds. Nothing here is a pass/fail threshold.
 """
 
@@ -375,6 +379,42 @@ def run_workloads(args: argparse.Namespace, sides: dict[str, Side], scratch: str
     return out
 
 
+def run_multihost(args: argparse.Namespace, shared: Side, embedded: Side) -> dict[str, Any]:
+    """The small-file cycle and the claims race on the shared store, interleaved round by round
+    with the embedded one's: (embedded, shared, ratio shared/embedded) per workload."""
+    k = args.consumers
+    out: dict[str, Any] = {}
+    sides = {"embedded": embedded, "shared": shared}
+
+    def small(s: Side, q: str) -> Round:
+        return small_cycle(s.queue(q), args.files, False)
+
+    def race(s: Side, q: str) -> Round:
+        return claims(s.queue(q, k), args.files, k)
+
+    workloads: list[tuple[str, str, str, Callable[[Side, str], Round]]] = [
+        ("small", "small-file cycle", "files/s", small),
+        ("claims", f"claims, {k} consumers", "claims/s", race)]
+    for key, label, unit, one in workloads:
+        if key not in args.only:
+            continue
+        rates: dict[str, list[Round]] = {n: [] for n in sides}
+        for r in range(args.rounds):
+            for name, side in sides.items():
+                check_stop()
+                progress(f"multi-host {label}: round {r + 1}/{args.rounds}, {name}")
+                rates[name].append(one(side, f"bench{os.getpid()}-{key}-{name}-r{r}"))
+        e = statistics.median(x.rate for x in rates["embedded"])
+        sh = statistics.median(x.rate for x in rates["shared"])
+        out[key] = {"label": label, "unit": unit, "embedded": round(e, 1), "shared": round(sh, 1),
+                    "ratio": round(sh / e, 3) if e else None}
+        if key == "claims":
+            problems = [p for n in sides for x in rates[n] for p in x.extra["problems"]]
+            out[key]["verified"] = not problems
+            out[key]["problems"] = problems
+    return out
+
+
 def median_steps(rounds: list[Round]) -> dict[str, float]:
     return {s: statistics.median(r.extra["steps_us"][s] for r in rounds) for s in STEPS}
 
@@ -382,11 +422,12 @@ def median_steps(rounds: list[Round]) -> dict[str, float]:
 # --------------------------------------------------------------------------- the mount
 
 
-def mount(store: str, mnt: str, log: str) -> int:
+def mount(store: str, mnt: str, log: str, extra: tuple[str, ...] = ()) -> int:
     """Mount like an operator does; returns the daemon's pid (0 if unknown)."""
     # stderr to a file, not a pipe: the forked daemon must not hold our pipe open.
     with tempfile.TemporaryFile() as err:
-        res = subprocess.run([sys.executable, "-m", "spoolfs", store, mnt, "--log-file", log],
+        res = subprocess.run([sys.executable, "-m", "spoolfs", store, mnt, "--log-file", log,
+                              *extra],
                              check=False, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         err.seek(0)
         message = err.read().decode(errors="replace").strip()
@@ -479,6 +520,15 @@ def render(report: dict[str, Any]) -> str:
                     f"spoolfs {c['wins']['spoolfs']}"
                     "; every file claimed exactly once: "
                     + ("yes" if c["verified"] else "NO: " + "; ".join(c["problems"])))
+    mh = report.get("multihost")
+    if mh:
+        rows.append(f"\nmulti-host: {mh['store']} with content in {mh['blobs']}, side by side "
+                    "with the embedded store:")
+        rows.append(f"{'workload':<28}{'embedded':>18}{'multi-host':>18}{'ratio':>9}")
+        for r in mh["results"].values():
+            ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+            rows.append(f"{r['label']:<28}{fmt(r['embedded'], r['unit']):>18}"
+                        f"{fmt(r['shared'], r['unit']):>18}{ratio:>9}")
     fs = report["filesystem"]
     memory = " (in memory, not a disk!)" if fs["type"] in ("tmpfs", "ramfs") else ""
     rows.append(f"\nfilesystem: {fs['type']}{memory} at {report['dir']}; plain dirs and store "
@@ -510,6 +560,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", choices=WORKLOADS,
                    help="run only this workload (repeatable)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--store", metavar="postgresql://...",
+                   help="also run the small-file cycle and the claims race on this multi-host "
+                   "store (in fresh queues of it), side by side with the embedded store")
+    p.add_argument("--blobs", metavar="s3://BUCKET/PREFIX|DIR",
+                   help="with --store: where its content is (needed at its first mount)")
     return p
 
 
@@ -520,6 +575,13 @@ def run(argv: list[str]) -> int:
             raise UserError(f"bench: --{opt.replace('_', '-')} must be at least 1", 2)
     if not args.only:
         args.only = ["small", "claims", "large"] + (["shell"] if args.shell else [])
+    if args.blobs and not args.store:
+        raise UserError("bench: --blobs goes with --store", 2)
+    if args.store:
+        from spoolfs.store.site import is_url
+
+        if not is_url(args.store):
+            raise UserError("bench: --store takes a multi-host store's URL (postgresql://...)", 2)
     parent = os.path.abspath(args.dir or "/var/tmp")
     if not os.path.isdir(parent):
         raise UserError(f"bench: {parent} is not a directory", 2)
@@ -531,6 +593,51 @@ def run(argv: list[str]) -> int:
             progress(f"the mount is still there; left {base} in place")
         else:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def remove_queue(path: str) -> None:
+    """Remove a queue the bench made in someone's store, with everything in it (best effort:
+    what cannot go is reported)."""
+    for state in STATES:
+        d = os.path.join(path, state)
+        for name in os.listdir(d) if os.path.isdir(d) else []:
+            p = os.path.join(d, name)
+            try:
+                if os.path.isdir(p):
+                    for f in os.listdir(p):
+                        os.unlink(os.path.join(p, f))
+                    os.rmdir(p)
+                else:
+                    os.unlink(p)
+            except OSError as e:
+                progress(f"cleanup: {p}: {e.strerror}")
+    try:
+        os.rmdir(path)
+    except OSError as e:
+        progress(f"cleanup: {path}: {e.strerror}")
+
+
+def bench_multihost(args: argparse.Namespace, base: str, embedded: Side) -> dict[str, Any]:
+    """Mount the multi-host store beside the embedded one and run its row."""
+    from spoolfs.store.site import shown
+
+    mnt, log = os.path.join(base, "mnt-shared"), os.path.join(base, "daemon-shared.log")
+    os.mkdir(mnt)
+    extra = ("--blobs", args.blobs) if args.blobs else ()
+    try:
+        mount(args.store, mnt, log, extra)
+    except UserError as e:
+        raise BenchError(str(e)) from e
+    made = os.listdir(mnt)
+    try:
+        results = run_multihost(args, Side("shared", mnt, False), embedded)
+    finally:
+        for q in sorted(set(os.listdir(mnt)) - set(made)):  # the queues this run made
+            remove_queue(os.path.join(mnt, q))
+        if not unmount(mnt):
+            print(f"spoolfs bench: could not unmount {mnt}", file=sys.stderr)
+    return {"store": shown(args.store), "blobs": args.blobs or "(recorded in the store)",
+            "results": results}
 
 
 def bench(args: argparse.Namespace, base: str) -> int:
@@ -551,6 +658,8 @@ def bench(args: argparse.Namespace, base: str) -> int:
                      f"in {plain}; {report['filesystem']['type']}")
             sides = {"plain": Side("plain", plain, True), "spoolfs": Side("spoolfs", mnt, False)}
             report["results"] = run_workloads(args, sides, base)
+            if args.store:
+                report["multihost"] = bench_multihost(args, base, sides["spoolfs"])
     except (OSError, BenchError) as e:
         print(f"spoolfs bench: {e}", file=sys.stderr)
         print(f"daemon log ({log}), last lines:\n{tail(log)}", file=sys.stderr)
@@ -560,6 +669,8 @@ def bench(args: argparse.Namespace, base: str) -> int:
         if not unmounted:
             print(f"spoolfs bench: could not unmount {mnt}", file=sys.stderr)
     verified = report["results"].get("claims", {}).get("verified", True)
+    verified = verified and report.get("multihost", {}).get("results", {}).get(
+        "claims", {}).get("verified", True)
     report["ok"] = verified and unmounted
     print(json.dumps(report, indent=2) if args.json else render(report))
     if not verified:
