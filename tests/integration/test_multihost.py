@@ -137,3 +137,17 @@ def test_losing_the_database_fails_transitions_and_the_mount_recovers(
         m.umount()
     finally:
         server.close()
+
+
+def test_an_unreachable_s3_endpoint_is_one_line_at_mount(
+        mounter: MountFactory, pg_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
+                 "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    m = mounter(pg_url, tmp_path / "m", extra=["--blobs", "s3://spool/p"], start=False)
+    (tmp_path / "m").mkdir()
+    res = spoolfs_cli(*m.argv, timeout=120)
+    line = one_line_error(res)
+    assert "S3" in line and "spool" in line, line
+    assert not os.path.ismount(tmp_path / "m")

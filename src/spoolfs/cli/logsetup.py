@@ -57,6 +57,9 @@ def stderr_is_journal() -> bool:
         return False
 
 
+QUIET_LIBRARIES = ("botocore", "boto3", "urllib3", "s3transfer", "psycopg", "psycopg.pool")
+
+
 def setup(level: str, log_file: str | None, foreground: bool) -> None:
     root = logging.getLogger()
     root.handlers.clear()
@@ -78,3 +81,7 @@ def setup(level: str, log_file: str | None, foreground: bool) -> None:
     else:
         handler = logging.NullHandler()
     root.addHandler(handler)
+    # The store's client libraries log every retry with a traceback at DEBUG: their warnings
+    # are enough; what failed reaches the log once, as spoolfs's own line.
+    for noisy in QUIET_LIBRARIES:
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
