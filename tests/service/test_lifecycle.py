@@ -24,6 +24,7 @@ from spoolfs.service.lifecycle import Lifecycle
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Entry
 from spoolfs.store.registry import open_store as open_any
+from spoolfs.store.site import Place, place_of
 from spoolfs.store.sqlite import open_store
 
 WHO = Who(0, 0, 1)
@@ -640,12 +641,22 @@ async def test_long_name_clash_stays_within_name_max(env: Env) -> None:
 
 # ---- two daemons on one store -----------------------------------------------------------------
 
-@pytest.fixture
-async def two(tmp_path: Path) -> AsyncIterator[tuple[list[Spool], list[Lifecycle], Q, Clock]]:
-    """Two daemons (two stores, two spools, two timers) on one store directory, one clock."""
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def two(request: pytest.FixtureRequest, tmp_path: Path
+              ) -> AsyncIterator[tuple[list[Spool], list[Lifecycle], Q, Clock]]:
+    """Two daemons (two stores, two spools, two timers) on one store, one clock: a store
+    directory, or a PostgreSQL database (where the two commit truly at once, in threads)."""
     clock = Clock()
-    stores = [open_store(str(tmp_path)) for _ in range(2)]
-    spools = [Spool(s, str(tmp_path), clock=clock) for s in stores]
+    where: str | Place
+    if request.param == "sqlite":
+        stores = [open_store(str(tmp_path)) for _ in range(2)]
+        where = str(tmp_path)
+    else:
+        url = request.getfixturevalue("pg_url")
+        stores = [open_any(url) for _ in range(2)]
+        where = place_of(url, stores[0], blobs=str(tmp_path / "blobs"),
+                         local_base=str(tmp_path / "local"))
+    spools = [Spool(s, where, clock=clock) for s in stores]
     async with trio.open_nursery() as n:
         for sp in spools:
             await n.start(sp.committer.run)
@@ -658,7 +669,7 @@ async def two(tmp_path: Path) -> AsyncIterator[tuple[list[Spool], list[Lifecycle
             sp.committer.close()
     for s in stores:
         s.close()
-    assert Fsck(str(tmp_path)).run() == []
+    assert Fsck(where).run() == []
 
 
 def record_due(spool: Spool, method: str) -> list[int]:

@@ -104,8 +104,9 @@ class Lifecycle:
             target = self._state_dir(tx, cur, State.ERROR)
             why = (f"lease expired after attempt {cur.attempts} of {policy.max_attempts}; "
                    + ("abandoned" if after.abandoned else "will retry"))
-            apply(tx, cur, Action.EXPIRE, State.ERROR, Context(now, after=after), DAEMON,
-                  into=(target, free_name(tx, target, cur.name)), why=why)
+            if not apply(tx, cur, Action.EXPIRE, State.ERROR, Context(now, after=after), DAEMON,
+                         into=(target, free_name(tx, target, cur.name)), why=why):
+                return None  # another daemon moved it first (its compare-and-set won)
             log.info("message %d %r: %s", cur.id, cur.name, why)
             return cur.parent, cur.name
 
@@ -124,9 +125,10 @@ class Lifecycle:
                 return None
             target = self._state_dir(tx, cur, State.READY)
             policy = self.spool.policies.of(cur.queue)
-            apply(tx, cur, Action.RETRY, State.READY, Context(now), DAEMON,
-                  into=(target, free_name(tx, target, cur.name)),
-                  why=f"attempt {cur.attempts + 1} of {policy.max_attempts}")
+            if not apply(tx, cur, Action.RETRY, State.READY, Context(now), DAEMON,
+                         into=(target, free_name(tx, target, cur.name)),
+                         why=f"attempt {cur.attempts + 1} of {policy.max_attempts}"):
+                return None  # another daemon moved it first
             return cur.parent, cur.name
 
         n = len(await self._each("retry", due, retry))

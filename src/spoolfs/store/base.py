@@ -150,6 +150,11 @@ class ReadTx(abc.ABC):
     def policies(self) -> dict[int, dict[str, str]]:
         """Stored policy values of every queue: queue id -> key -> canonical text."""
 
+    def blob_by_sha(self, sha256: bytes) -> Blob | None:
+        """The blob holding this content (write transactions of every engine; reads of a
+        shared store's, to skip storing content that is there already)."""
+        raise NotImplementedError(f"{type(self).__name__} answers this in transactions only")
+
     @abc.abstractmethod
     def meta(self, key: str) -> str | None:
         """A setting of the store itself (``schema_version``, ``blobs``: where content is

@@ -146,6 +146,9 @@ class PgRead(ReadTx):
     def blob(self, blob_id: int) -> Blob | None:
         return _blob(self.q1(f"{_BLOB} WHERE id=%s", (blob_id,)))
 
+    def blob_by_sha(self, sha256: bytes) -> Blob | None:
+        return _blob(self.q1(f"{_BLOB} WHERE sha256=%s", (sha256,)))
+
     def xattrs(self, entry_id: int) -> dict[bytes, bytes]:
         return {bytes(n): bytes(v) for n, v in
                 self.q("SELECT name, value FROM xattrs WHERE entry=%s", (entry_id,))}
@@ -331,9 +334,6 @@ class PgWrite(PgRead, WriteTx):
         self.q("INSERT INTO xattrs (entry, name, value) SELECT %s, name, value FROM xattrs "
                "WHERE entry=%s ON CONFLICT (entry, name) DO UPDATE SET value = EXCLUDED.value",
                (dst, src))
-
-    def blob_by_sha(self, sha256: bytes) -> Blob | None:
-        return _blob(self.q1(f"{_BLOB} WHERE sha256=%s", (sha256,)))
 
     def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
                     blob_id: int | None = None) -> int:
