@@ -74,15 +74,21 @@ class BlobDir:
         hexd = sha256.hex()
         return os.path.join(self.root, hexd[:2], hexd[2:4], f"{hexd}.{blob_id}")
 
-    def place(self, src: str, sha256: bytes, blob_id: int) -> str:
-        """Hard-link an fsynced staging file into place and make the new entry durable. The
-        staging file stays, so a rolled-back transaction loses nothing."""
+    def _made_dir_for(self, sha256: bytes, blob_id: int) -> str:
+        """The blob's path, its directory made (and made durable) on first use."""
         dst = self.path(sha256, blob_id)
         d = os.path.dirname(dst)
         if not os.path.isdir(d):
             os.makedirs(d, PRIVATE_DIR, exist_ok=True)
             fsync_dir(os.path.dirname(d))
             fsync_dir(self.root)
+        return dst
+
+    def place(self, src: str, sha256: bytes, blob_id: int) -> str:
+        """Hard-link an fsynced staging file into place and make the new entry durable. The
+        staging file stays, so a rolled-back transaction loses nothing."""
+        dst = self._made_dir_for(sha256, blob_id)
+        d = os.path.dirname(dst)
         try:
             os.link(src, dst)
         except FileExistsError:  # left by a rolled-back transaction that had this id
@@ -93,12 +99,8 @@ class BlobDir:
 
     def upload(self, src: str, sha256: bytes, blob_id: int) -> None:
         """Before the transaction (a shared directory): store ``src`` under its id, durably."""
-        dst = self.path(sha256, blob_id)
+        dst = self._made_dir_for(sha256, blob_id)
         d = os.path.dirname(dst)
-        if not os.path.isdir(d):
-            os.makedirs(d, PRIVATE_DIR, exist_ok=True)
-            fsync_dir(os.path.dirname(d))
-            fsync_dir(self.root)
         try:
             os.link(src, dst)
         except FileExistsError:

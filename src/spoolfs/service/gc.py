@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from spoolfs.blobs import StagingDir
 from spoolfs.blobs.base import BlobStore
+from spoolfs.blobs.files import ObjectInfo
 from spoolfs.core.errors import StoreFailure
 from spoolfs.store.base import Maintenance
 from spoolfs.store.site import Place, as_place
@@ -130,6 +131,19 @@ def _remove_old(path: str, grace_ns: int, now_ns: int, report: Report, what: str
     return True
 
 
+def _old_object(blobs: BlobStore, name: str, grace_ns: int, now_ns: int, report: Report
+                ) -> ObjectInfo | None:
+    """A stored object's info if it is older than the grace period (a younger one is
+    counted as left)."""
+    info = blobs.info(name)
+    if info is None:
+        return None
+    if now_ns - info.stored_ns < grace_ns:
+        report.young += 1
+        return None
+    return info
+
+
 def sweep_blob_files(maint: Maintenance, blobs: BlobStore,
                      candidates: Iterable[tuple[str, bytes, int]],
                      grace_ns: int, now_ns: int, report: Report) -> None:
@@ -143,11 +157,8 @@ def sweep_blob_files(maint: Maintenance, blobs: BlobStore,
         for name, sha, bid in files:
             if tx.names_blob_file(sha, bid):
                 continue
-            info = blobs.info(name)
+            info = _old_object(blobs, name, grace_ns, now_ns, report)
             if info is None:
-                continue
-            if now_ns - info.stored_ns < grace_ns:
-                report.young += 1
                 continue
             if blobs.unlink(name):
                 report.blob_files += 1
@@ -192,13 +203,8 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
         for name, sha, bid in blobs.walk():
             if files_of.get(bid) == sha:
                 continue
-            info = blobs.info(name)
-            if info is None:
-                continue
-            if now - info.stored_ns < grace_ns:
-                report.young += 1
-                continue
-            orphan_files.append((name, sha, bid))
+            if _old_object(blobs, name, grace_ns, now, report) is not None:
+                orphan_files.append((name, sha, bid))
         orphan_staging = []
         for sid in staging.ids():
             if sid in staged:
