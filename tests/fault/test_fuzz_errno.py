@@ -175,3 +175,22 @@ def test_no_operation_gives_eio(fuzz_mount: Mount, sequence: list[tuple[Any, ...
     log = fuzz_mount.log_text(since=since)
     assert "Traceback" not in log and "internal error" not in log, \
         f"{sequence} made the daemon log an internal error:\n{log}"
+
+
+def test_every_history_row_of_the_fuzz_is_a_row_of_the_table(fuzz_mount: Mount) -> None:
+    """Whatever path moved a message during the fuzz (runs after it, on its store), its history
+    action and target are a row of the transition table: no mover spells its own."""
+    import sqlite3
+
+    from spoolfs.core import transitions
+    from spoolfs.core.rules import Action, State
+
+    conn = sqlite3.connect(f"file:{fuzz_mount.store / 'meta.db'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT DISTINCT action, dst FROM history").fetchall()
+    finally:
+        conn.close()
+    assert len({a for a, _ in rows}) >= 5, f"the fuzz moved too little to tell: {rows}"
+    for action, dst in rows:
+        to = State(dst.split("/")[0]) if dst is not None else None
+        transitions.transition(Action(action), to)  # KeyError: no such row
