@@ -42,8 +42,10 @@ class _Request:
 
 
 class Committer:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, limiter: trio.CapacityLimiter | None = None) -> None:
         self.store = store
+        #: the worker threads a networked store's calls may take at once (its pool's size)
+        self.limiter = limiter
         self._queue: list[_Request] = []
         self._leading = False
         self._closed = False
@@ -105,7 +107,8 @@ class Committer:
         fns = [r.fn for r in batch]
         try:
             if self.store.blocking:  # a database server: the loop keeps answering meanwhile
-                results = await trio.to_thread.run_sync(self.store.run_batch, fns, durable)
+                results = await trio.to_thread.run_sync(self.store.run_batch, fns, durable,
+                                                        limiter=self.limiter)
             else:
                 try:
                     results = self.store.run_batch(fns, durable, wait=False)

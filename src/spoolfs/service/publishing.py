@@ -154,7 +154,8 @@ class Publishing(SpoolCore):
     async def _seal(self, e: Entry) -> Sealed:
         if self.content.blobs.remote:  # stored before the transaction that attaches it
             return await trio.to_thread.run_sync(self.content.seal_and_store, e.id,
-                                                 self.store.reserve_blob_id, self.r)
+                                                 self.store.reserve_blob_id, self.r,
+                                                 limiter=self.limiter)
         if self.size_of(e) > self.content.inline_max:
             return await trio.to_thread.run_sync(self.content.seal, e.id)
         return self.content.seal(e.id)

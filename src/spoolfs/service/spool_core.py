@@ -68,6 +68,9 @@ def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
 
 
 
+STORE_THREADS = 4
+
+
 class SpoolCore:
     #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT
     STALE_MAX = 1000
@@ -81,7 +84,11 @@ class SpoolCore:
         self.store_dir = self.place.local  # this host's part: the disk the guard watches
         self.content = Content(self.place.blobs, self.place.staging,
                                INLINE_MAX if self.place.embedded else 0)
-        self.committer = Committer(store)
+        #: uploads to and downloads from a remote blob store run in worker threads, at most
+        #: this many at once; commits to a networked store have a thread of their own, so a
+        #: large upload never holds up a claim
+        self.limiter = trio.CapacityLimiter(STORE_THREADS)
+        self.committer = Committer(store, trio.CapacityLimiter(1))
         self.clock = clock
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)

@@ -100,7 +100,7 @@ class Uploads(Publishing):
         if truncate:
             self.truncate(e, 0)
         if self.content.blobs.remote and not e.staged and e.blob is not None:
-            await trio.to_thread.run_sync(self.content.fetch, self.r, e)
+            await trio.to_thread.run_sync(self.content.fetch, self.r, e, limiter=self.limiter)
         return self._open_handle(e, writable, who)
 
     def _check_modify(self, e: Entry) -> None:
