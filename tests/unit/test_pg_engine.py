@@ -193,3 +193,19 @@ def test_a_server_that_goes_away_fails_transitions_and_comes_back(pg_server: PgS
         s.close()
     finally:
         server.close()
+
+
+def test_gc_prunes_the_change_log(pg_url: str) -> None:
+    s = PostgresStore(pg_url)
+    one(s, lambda tx: msg(tx, 1, b"m"))
+    assert s.changes_since(0)
+    s.close()
+    m = open_maintenance(pg_url)
+    try:
+        assert m.prune_changes(3600) == 0  # young rows stay
+        assert m.prune_changes(0) > 0
+    finally:
+        m.close()
+    s = PostgresStore(pg_url)
+    assert s.changes_since(0) == []
+    s.close()

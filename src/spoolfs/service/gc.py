@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 NS = 1_000_000_000
 #: Orphan files younger than this are left alone (``--grace``).
 GRACE_NS = 600 * NS
+#: How long a shared store keeps its change log (gc prunes older rows): far longer than any
+#: follower's one-second poll. A daemon cut off from the database for longer misses what was
+#: pruned; today its kernel caches nothing for long (entry and attribute timeouts are 0).
+CHANGES_KEPT_S = 3600.0
 #: How often a daemon's background collection runs.
 INTERVAL_S = 600.0
 
@@ -217,6 +221,10 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
         sweep_blob_rows(maint, blobs, unreferenced, report)
         sweep_blob_files(maint, blobs, orphan_files, grace_ns, now, report)
         sweep_staging(maint, staging, orphan_staging, grace_ns, now, report)
+        pruned = maint.prune_changes(CHANGES_KEPT_S)
+        if pruned:
+            report.lines.append(f"pruned {pruned} change-log row(s) older than "
+                                f"{CHANGES_KEPT_S:g}s")
     finally:
         maint.close()
     return report

@@ -407,5 +407,10 @@ class Maintenance(abc.ABC):
     def write(self) -> AbstractContextManager[FsckTx]:
         """One write transaction holding the store's write lock; rolled back on an error."""
 
+    def prune_changes(self, older_than_s: float) -> int:
+        """Drop change-log rows older than this (an engine shared by hosts keeps one);
+        returns how many."""
+        return 0
+
     @abc.abstractmethod
     def close(self) -> None: ...

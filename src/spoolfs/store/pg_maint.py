@@ -96,6 +96,9 @@ class PgMaintenance(Maintenance):
         except psycopg.Error as e:
             raise unavailable(e) from e
 
+    def prune_changes(self, older_than_s: float) -> int:
+        return self.store.prune_changes(older_than_s)
+
     def close(self) -> None:
         self.conn.close()
         self.store.close()
