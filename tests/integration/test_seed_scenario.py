@@ -91,9 +91,9 @@ def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory,
     limit = 600 + files * 0.1
 
     consumers = start_consumers([qa.path, qb], CONSUMERS, tmp_path / "logs", done, limit)
-    # the producer: one cp of every file into ready/, through mount A
-    producer = subprocess.Popen(["cp", "-t", str(qa.ready), *(str(tmp_path / "src" / n)
-                                                           for n in names)],
+    # the producer: one cp of every file into ready/, through mount A (a directory's contents:
+    # 25,000 names would not fit on one command line)
+    producer = subprocess.Popen(["cp", "-r", f"{tmp_path / 'src'}/.", f"{qa.ready}/"],
                                 stderr=subprocess.PIPE)
     try:
         # kill -9 mount B's daemon once about a third of the work is done, and mount it again
@@ -103,12 +103,17 @@ def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory,
         b.start()
         _, err = producer.communicate(timeout=patience(limit))
         assert producer.returncode == 0, f"cp exited {producer.returncode}: {err!r}"
+        done.touch()  # the consumers may stop once ready/ is empty
+        problems = wait_consumers(consumers, limit)
     finally:
         if producer.poll() is None:
             producer.kill()
             producer.communicate()
         done.touch()
-    problems = wait_consumers(consumers, limit)
+        for c in consumers:  # a failure above leaves none behind
+            if c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.communicate()
     assert not problems, "\n".join(problems)
 
     claims: Counter[str] = Counter()

@@ -152,3 +152,53 @@ async def test_recovery_by_another_daemon_never_takes_an_upload_being_created(
     other_store.close()
     store.close()
     assert Fsck(str(tmp_path)).run() == []
+
+
+async def test_recovery_never_takes_an_upload_published_since_it_looked(tmp_path: Path) -> None:
+    """Another daemon's recovery lists the hidden uploads, then checks each: one whose writer
+    closed it meanwhile is published, not a crash leftover."""
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    qe = await spool.mkdir(1, b"q", 0o755, WHO)
+    q = Q(spool, qe.id)
+    other_store = open_store(str(tmp_path))
+    other = Spool(other_store, str(tmp_path))
+    e, h = await spool.create(q[State.READY], b"x", 0o644, WHO)
+    spool.write(h, 0, b"whole")
+    listed = other.r.all_entries()  # recovery's list: x is a hidden upload here
+    await spool.close(h, WHO)  # ... and its writer closes it: published
+    other.r.all_entries = lambda: listed  # type: ignore[method-assign]
+    counts = recover(other)
+    assert counts["uploads_to_partial"] == 0
+    assert spool.lookup(q[State.READY], b"x").size == 5
+    assert spool.listdir(q[State.PARTIAL]) == []
+    other_store.close()
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []
+
+
+async def test_an_upload_is_held_until_its_close_has_published_it(tmp_path: Path) -> None:
+    """Another daemon's recovery running while the last writer's close publishes the upload
+    finds it still held: the handle's file is closed only once the upload is published."""
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    qe = await spool.mkdir(1, b"q", 0o755, WHO)
+    q = Q(spool, qe.id)
+    other_store = open_store(str(tmp_path))
+    other = Spool(other_store, str(tmp_path))
+    e, h = await spool.create(q[State.READY], b"x", 0o644, WHO)
+    spool.write(h, 0, b"whole")
+    publish = spool._publish_settled
+    seen: list[dict[str, int]] = []
+
+    async def recovery_first(*args, **kw):  # type: ignore[no-untyped-def]
+        seen.append(recover(other))  # in the middle of the close
+        return await publish(*args, **kw)
+
+    spool._publish_settled = recovery_first  # type: ignore[method-assign]
+    await spool.close(h, WHO)
+    assert seen and seen[0]["uploads_to_partial"] == 0
+    assert spool.lookup(q[State.READY], b"x").size == 5
+    other_store.close()
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []

@@ -59,15 +59,20 @@ def recover(spool: Spool) -> dict[str, int]:
         if partial is None:
             continue
 
-        def fn(tx: WriteTx, e: Entry = e, partial: Entry = partial) -> None:
-            name = e.name
+        def fn(tx: WriteTx, e: Entry = e, partial: Entry = partial) -> bool:
+            cur = tx.get(e.id)
+            if cur is None or not cur.hidden or cur.parent != e.parent or cur.name != e.name:
+                return False  # its writer closed it since the list was read: published
+            name = cur.name
             if tx.lookup(partial.id, name) is not None:
-                name = (name + b".recovered-%d" % e.id)[-255:]
-            apply(tx, e, Action.RECOVERED, State.PARTIAL, Context(time.time_ns()),
-                  (None, os.getpid()), into=(partial.id, name), src="ready (unclosed upload)",
-                  why="upload never closed before a crash")
+                name = (name + b".recovered-%d" % cur.id)[-255:]
+            return apply(tx, cur, Action.RECOVERED, State.PARTIAL, Context(time.time_ns()),
+                         (None, os.getpid()), into=(partial.id, name),
+                         src="ready (unclosed upload)", why="upload never closed before a crash")
 
-        spool.store.run_batch([fn], durable=True)
+        ok, moved = spool.store.run_batch([fn], durable=True)[0]
+        if not ok or not moved:
+            continue
         counts["uploads_to_partial"] += 1
         log.warning("recovery: unclosed upload %r moved from ready/ to partial/", e.name)
 

@@ -156,8 +156,14 @@ class Uploads(Publishing):
     async def close(self, h: Handle, who: Who) -> None:
         """The last writable handle publishes a pending upload into ``ready/``.
         Requests read after this one (the writer's next command) wait in ``settle`` until
-        the upload has appeared."""
-        h.close()
+        the upload has appeared. The handle's file (and with it the lock that tells another
+        daemon's recovery the upload is being written) is closed only once it is published."""
+        try:
+            await self._closing(h, who)
+        finally:
+            h.close()
+
+    async def _closing(self, h: Handle, who: Who) -> None:
         left = self._open.get(h.lease_id, 1) - 1
         if left > 0:
             self._open[h.lease_id] = left
