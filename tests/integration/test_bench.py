@@ -41,7 +41,8 @@ def assert_positive(report: dict[str, Any], keys: set[str]) -> None:
 
 def test_bench_default_workloads_report_positive_figures(tmp_path: Path) -> None:
     report = bench(tmp_path, "--files", "100", "--large-mb", "8")
-    assert_positive(report, {"small", "claims", "large_write", "large_read"})
+    assert_positive(report, {"small", "claims", "large_write", "large_read", "large_read_warm",
+                             "producers_4", "producers_16"})
     claims = report["results"]["claims"]
     assert claims["verified"] is True and claims["problems"] == []
     for side in ("plain", "spoolfs"):
@@ -49,6 +50,23 @@ def test_bench_default_workloads_report_positive_figures(tmp_path: Path) -> None
         assert claims["lost_races"][side] == [100 * 3], "each of 4 consumers tries every file"
         assert sum(claims["wins"][side][0]) == 100
     assert report["durability"]["plain"] and report["durability"]["spoolfs"]
+    for key in ("producers_4", "producers_16"):
+        assert report["results"][key]["verified"] is True, report["results"][key]
+    # Requests per step of the cycle, counted by the daemon itself (MOUNT/.spool/requests):
+    # at least the request that makes each step, and nothing from reading the counts.
+    steps = report["requests_per_step"]
+    assert steps["publish"].get("rename") == 1 and steps["claim"].get("rename") == 1
+    assert steps["write"].get("create") == 1 and steps["read"].get("open") == 1
+    assert all(k >= 0 for ops in steps.values() for k in ops.values())
+
+
+def test_bench_seed_pattern_and_deep_queue(tmp_path: Path) -> None:
+    """The seed-004 pattern runs its consumers over two mounts of one store and checks every
+    file reached success/ once; the deep cycle runs behind messages already waiting."""
+    report = bench(tmp_path, "--only", "seed", "--only", "deep", "--seed-files", "60",
+                   "--seed-consumers", "4", "--depth", "200", "--files", "20")
+    assert_positive(report, {"seed", "deep"})
+    assert report["results"]["seed"]["verified"] is True, report["results"]["seed"]
 
 
 def test_bench_shell_cycle(tmp_path: Path) -> None:

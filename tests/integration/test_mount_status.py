@@ -154,7 +154,37 @@ def test_metrics_parse_as_prometheus(mount: Mount, tmp_path: Path) -> None:
     assert samples[("spoolfs_disk_free_bytes", ())] > 0
     assert ("spoolfs_oldest_age_seconds", (("queue", "q"), ("state", "ready"))) in samples
     fails("sh", "-c", f"echo x > {mount.path}/.spool/status")
-    assert sorted(os.listdir(mount.path / ".spool")) == ["metrics", "status"]
+    assert sorted(os.listdir(mount.path / ".spool")) == ["metrics", "requests", "status"]
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_request_counters_and_latency_histograms_move(mount: Mount, tmp_path: Path) -> None:
+    """Per FUSE operation the daemon counts requests and their time (counters, histograms),
+    and commits and syncs (histograms): a message going through moves them."""
+    q = Queue.create(mount.path, "q", tmp_path / "scratch")
+    before = _samples((mount.path / ".spool/metrics").read_text())
+    q.publish("m", b"x" * 10)
+    q.claim("m", "c1")
+    q.finish("m", "c1")
+    after = _samples((mount.path / ".spool/metrics").read_text())
+
+    def moved(name: str, *labels: tuple[str, str]) -> float:
+        key = (name, tuple(sorted(labels)))
+        return after[key] - before.get(key, 0.0)
+
+    assert moved("spoolfs_fuse_requests_total", ("op", "rename")) >= 3
+    assert moved("spoolfs_fuse_requests_total", ("op", "create")) >= 1
+    assert moved("spoolfs_fuse_request_seconds_count", ("op", "rename")) >= 3
+    assert moved("spoolfs_fuse_request_seconds_bucket", ("le", "+Inf"), ("op", "rename")) >= 3
+    assert moved("spoolfs_commit_seconds_count") >= 3
+    assert moved("spoolfs_sync_seconds_count") >= 1, "publish, claim and finish are durable"
+    assert moved("spoolfs_committed_requests_total") >= 3
+    doc = json.loads((mount.path / ".spool/requests").read_text())
+    assert doc["requests"]["rename"]["count"] >= 3 and doc["requests"]["rename"]["seconds"] > 0
 
 
 def _free_port() -> int:

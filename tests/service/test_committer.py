@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -46,4 +47,83 @@ async def test_concurrent_requests_share_one_commit(tmp_path: Path) -> None:
             assert isinstance(results[i], NotFound), "a failed request must fail alone"
     with pytest.raises(Exception, match="shutting down"):
         await committer.submit(_touch(1))
+    store.close()
+
+
+class _Recording:
+    """A store that records its commits and syncs, in order, and takes a while to sync."""
+
+    def __init__(self, store, events: list[str]) -> None:  # type: ignore[no-untyped-def]
+        self._store = store
+        self.events = events
+        self.deferred_sync = store.deferred_sync
+        self.blocking = False
+
+    def run_batch(self, fns, durable, wait=True):  # type: ignore[no-untyped-def]
+        assert not durable, "a deferred-sync store commits without waiting for the disk"
+        self.events.append(f"commit {len(fns)}")
+        return self._store.run_batch(fns, durable, wait)
+
+    def sync(self) -> None:
+        self.events.append("sync start")
+        import time
+        time.sleep(0.05)
+        self._store.sync()
+        self.events.append("sync end")
+
+
+async def test_durable_requests_return_after_a_sync_that_covers_them(tmp_path: Path) -> None:
+    """A durable request is answered only once a sync that began after its commit ended; one
+    sync serves every request committed before it; a request that need not be durable is
+    answered at its commit, while a sync is still on disk."""
+    store = open_store(str(tmp_path))
+    events: list[str] = []
+    rec = _Recording(store, events)
+    committer = Committer(rec)  # type: ignore[arg-type]
+
+    async def one(tag: str, durable: bool) -> None:
+        await committer.submit(_touch(1), durable)
+        events.append(f"answered {tag}")
+
+    async with trio.open_nursery() as n:
+        await n.start(committer.run)
+        async with trio.open_nursery() as clients:
+            for i in range(6):
+                clients.start_soon(one, f"d{i}", True)
+            await trio.sleep(0.01)  # the first sync is on disk now
+            clients.start_soon(one, "upload", False)
+            await trio.sleep(0.01)
+            for i in range(6, 9):
+                clients.start_soon(one, f"d{i}", True)
+        committer.close()
+    assert store.deferred_sync
+    for i in range(9):
+        answered = events.index(f"answered d{i}")
+        committed = max(k for k, e in enumerate(events[:answered]) if e.startswith("commit"))
+        ended = [k for k, e in enumerate(events[:answered]) if e == "sync end"]
+        started = [k for k, e in enumerate(events[:answered]) if e == "sync start"]
+        assert ended and any(committed < s < ended[-1] for s in started), \
+            f"d{i} was answered before a sync covering its commit: {events}"
+    upload = events.index("answered upload")
+    assert events[upload - 1].startswith("commit") or "sync end" not in events[:upload], \
+        f"a request that need not be durable waited for a sync: {events}"
+    assert events.count("sync start") < 9, f"every durable request synced alone: {events}"
+    store.close()
+
+
+def test_sync_follows_a_log_that_was_replaced(tmp_path: Path) -> None:
+    """``sync`` fsyncs the write-ahead log it opened; once that file is gone (the last
+    connection of another daemon removed it), the next sync syncs the database file and opens
+    the log again if there is one, rather than syncing a dead file."""
+    store = open_store(str(tmp_path))
+    store.run_batch([_touch(1)], durable=False)
+    store.sync()
+    wal = Path(store.path + "-wal")
+    assert wal.exists()
+    os.unlink(wal)
+    store.sync()  # the database file is synced; no log to open
+    fresh = os.open(wal, os.O_WRONLY | os.O_CREAT, 0o600)  # a new, empty log appears
+    os.close(fresh)
+    store.sync()
+    assert os.stat(wal).st_nlink == 1
     store.close()

@@ -1,14 +1,19 @@
 """``spoolfs bench``: the same workloads through a temporary spoolfs mount and through plain
 directories on the same disk, interleaved round by round, with the ratio spoolfs/plain (DESIGN §10).
 
-Workloads (``--only`` picks a subset; ``--shell`` adds the shell one to the default three):
+Workloads (``--only`` picks a subset, ``--all`` runs every one; ``--shell`` adds the shell one to
+the default four):
 
 - ``small``: the small-file cycle, create+write 1 KiB in partial/ -> publish -> claim -> read ->
   finish, with os-level calls; the plain side fsyncs the file and ready/ at publish.
 - ``claims``: K consumer threads race to claim the same pre-published files with rename;
   every file must end up claimed exactly once (checked, non-zero exit if not).
 - ``shell``: the small-file cycle as a shell script of real ``cp``/``mv``/``cat`` processes.
-- ``large``: write an M MiB file in partial/ in 1 MiB writes, publish it, read it back.
+- ``large``: write an M MiB file in partial/ in 1 MiB writes, publish it, read it back twice.
+- ``producers``, ``seed``, ``deep``: parallel writers into ready/, the seed-004 pattern over two
+  mounts, the small-file cycle behind N waiting messages (cli/benchloads.py).
+
+With ``small``, the FUSE requests each step of the cycle costs follow, by operation.
 
 With ``--store postgresql://... --blobs s3://...|DIR`` a multi-host row follows: the small-file
 cycle and the claims race on a spool of that store (mounted in a fresh queue of it, each round
@@ -36,11 +41,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from spoolfs.cli import benchloads
 from spoolfs.core.errors import UserError
 from spoolfs.runtime import pidfile
 
 STATES = ("partial", "ready", "working", "success", "error")
-WORKLOADS = ("small", "claims", "shell", "large")
+WORKLOADS = ("small", "claims", "shell", "large", "producers", "seed", "deep")
 SIDES = ("plain", "spoolfs")
 SMALL_SIZE = 1024
 CHUNK = 1 << 20
@@ -122,6 +128,7 @@ class Side:
     name: str
     root: str
     fsync: bool  # the plain side fsyncs at publish; the spool side leaves durability to the daemon
+    second: str = ""  # a second mount of the same store (the plain side: the same root)
 
     def queue(self, name: str, consumers: int = 1) -> Queue:
         q = Queue(os.path.join(self.root, name))
@@ -175,43 +182,69 @@ class Round:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def small_cycle(q: Queue, n: int, fsync: bool) -> Round:
-    """The cycle file by file, timing each step; the rate is files per wall-clock second."""
+def cycle_steps(q: Queue, fsync: bool, ready_fd: int, prefix: str = "f"
+                ) -> list[tuple[str, Callable[[int], None]]]:
+    """The small-file cycle's steps for file number i: write in partial/, publish, claim, read
+    (and check), finish. The plain side fsyncs the file and ready/ at publish."""
     base = os.urandom(SMALL_SIZE)
     partial, ready, work, success = (q.state("partial"), q.state("ready"), q.consumer(1),
                                      q.state("success"))
+
+    def data(i: int) -> bytes:
+        return b"%08d" % i + base[8:]
+
+    def write(i: int) -> None:
+        with opened(os.path.join(partial, f"{prefix}{i:06d}"), NEW) as fd:
+            write_all(fd, data(i))
+            if fsync:
+                os.fsync(fd)
+
+    def publish(i: int) -> None:
+        name = f"{prefix}{i:06d}"
+        os.rename(os.path.join(partial, name), os.path.join(ready, name))
+        if fsync:
+            os.fsync(ready_fd)
+
+    def claim(i: int) -> None:
+        name = f"{prefix}{i:06d}"
+        os.rename(os.path.join(ready, name), os.path.join(work, name))
+
+    def read(i: int) -> None:
+        name = f"{prefix}{i:06d}"
+        with opened(os.path.join(work, name), os.O_RDONLY) as fd:
+            got = os.read(fd, 2 * SMALL_SIZE)
+        if got != data(i):
+            raise BenchError(f"{work}/{name}: read {len(got)} bytes, not what was written")
+
+    def finish(i: int) -> None:
+        name = f"{prefix}{i:06d}"
+        os.rename(os.path.join(work, name), os.path.join(success, name))
+
+    return list(zip(STEPS, (write, publish, claim, read, finish), strict=True))
+
+
+def small_cycle(q: Queue, n: int, fsync: bool, prefix: str = "f") -> Round:
+    """The cycle file by file, timing each step; the rate is files per wall-clock second."""
     spent = dict.fromkeys(STEPS, 0.0)
     clock = time.perf_counter
-    with dir_fd(ready, fsync) as ready_fd:
+    with dir_fd(q.state("ready"), fsync) as ready_fd:
+        steps = cycle_steps(q, fsync, ready_fd, prefix)
         start = clock()
         for i in range(n):
             check_stop()
-            name = f"f{i:06d}"
-            data = b"%08d" % i + base[8:]
-            t0 = clock()
-            with opened(os.path.join(partial, name), NEW) as fd:
-                write_all(fd, data)
-                if fsync:
-                    os.fsync(fd)
-            t1 = clock()
-            os.rename(os.path.join(partial, name), os.path.join(ready, name))
-            if fsync:
-                os.fsync(ready_fd)
-            t2 = clock()
-            os.rename(os.path.join(ready, name), os.path.join(work, name))
-            t3 = clock()
-            with opened(os.path.join(work, name), os.O_RDONLY) as fd:
-                got = os.read(fd, 2 * SMALL_SIZE)
-            t4 = clock()
-            os.rename(os.path.join(work, name), os.path.join(success, name))
-            t5 = clock()
-            if got != data:
-                raise BenchError(f"{work}/{name}: read {len(got)} bytes, not what was written")
-            for step, (a, b) in zip(STEPS, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5)),
-                                      strict=True):
-                spent[step] += b - a
+            for step, fn in steps:
+                t0 = clock()
+                fn(i)
+                spent[step] += clock() - t0
         elapsed = clock() - start
     return Round(n / elapsed, {"steps_us": {s: round(t / n * 1e6, 1) for s, t in spent.items()}})
+
+
+def requests_per_step(side: Side, n: int = 50) -> dict[str, dict[str, float]]:
+    """The FUSE requests each step of the small-file cycle costs, by operation (spoolfs side)."""
+    q = side.queue(f"requests-{os.getpid()}")
+    with dir_fd(q.state("ready"), side.fsync) as ready_fd:
+        return benchloads.count_cycle(side.root, q.path, n, cycle_steps(q, side.fsync, ready_fd))
 
 
 def claims(q: Queue, n: int, consumers: int) -> Round:
@@ -287,8 +320,9 @@ def shell_cycle(q: Queue, n: int, src: str) -> Round:
 
 
 def large_file(q: Queue, mib: int, fsync: bool) -> Round:
-    """Write+publish an M MiB file in 1 MiB writes, then read it once from ready/. Rate: write
-    MiB/s; the read rate is in ``extra`` (from the page cache where the side keeps one)."""
+    """Write+publish an M MiB file in 1 MiB writes, then read it twice from ready/. Rate: write
+    MiB/s; the read rates are in ``extra`` (the second from the page cache where the side keeps
+    one)."""
     buf = bytearray(os.urandom(CHUNK))
     src, dst = os.path.join(q.state("partial"), "big"), os.path.join(q.state("ready"), "big")
     with dir_fd(q.state("ready"), fsync) as ready_fd:
@@ -304,15 +338,18 @@ def large_file(q: Queue, mib: int, fsync: bool) -> Round:
         if fsync:
             os.fsync(ready_fd)
         written = time.perf_counter()
-    total = 0
-    with opened(dst, os.O_RDONLY) as fd:
-        while chunk := os.read(fd, CHUNK):
-            check_stop()
-            total += len(chunk)
-    done = time.perf_counter()
-    if total != mib * CHUNK:
-        raise BenchError(f"{dst}: read back {total} bytes of {mib * CHUNK}")
-    return Round(mib / (written - start), {"read": mib / (done - written)})
+    rates = []
+    for _ in range(2):  # right after writing, then again (warm: the page cache, if kept)
+        t0 = time.perf_counter()
+        total = 0
+        with opened(dst, os.O_RDONLY) as fd:
+            while chunk := os.read(fd, CHUNK):
+                check_stop()
+                total += len(chunk)
+        rates.append(mib / (time.perf_counter() - t0))
+        if total != mib * CHUNK:
+            raise BenchError(f"{dst}: read back {total} bytes of {mib * CHUNK}")
+    return Round(mib / (written - start), {"read": rates[0], "warm_read": rates[1]})
 
 
 # --------------------------------------------------------------------------- running rounds
@@ -376,7 +413,42 @@ def run_workloads(args: argparse.Namespace, sides: dict[str, Side], scratch: str
                          "large", lambda s, q: large_file(s.queue(q), args.large_mb, s.fsync))
         out["large_write"] = res.summary()
         out["large_read"] = res.summary("read") | {"label": f"large read {args.large_mb} MiB"}
+        out["large_read_warm"] = res.summary("warm_read") | {
+            "label": f"large read again (warm) {args.large_mb} MiB"}
+    for writers in (4, 16) if "producers" in args.only else ():
+        def produce(s: Side, q: str, w: int = writers) -> Round:
+            return checked(benchloads.producers(s.queue(q).state("ready"), args.files, w,
+                                                s.fsync))
+
+        res = run_rounds(Result(f"parallel producers, {writers}", "files/s"), sides, args.rounds,
+                         f"prod{writers}", produce)
+        out[f"producers_{writers}"] = res.summary() | problems_of(res)
+    if "seed" in args.only:
+        k = args.seed_consumers
+        res = run_rounds(Result(f"seed-004 pattern, {k} consumers", "files/s"), sides,
+                         args.rounds, "seed", lambda s, q: checked(benchloads.seed(
+                             [s.queue(q).path, os.path.join(s.second, q)], args.seed_files, k)))
+        out["seed"] = res.summary() | problems_of(res)
+    if "deep" in args.only:
+        for side in sides.values():  # once: the waiting messages stay for every round
+            progress(f"putting {args.depth:,} waiting messages in two queues, {side.name}")
+            for name in ("deep-other", "deep"):
+                benchloads.fill(side.queue(name).state("ready"), args.depth)
+        res = run_rounds(Result(f"small-file cycle, {args.depth:,} waiting", "files/s"), sides,
+                         args.rounds, "deep", lambda s, q: small_cycle(
+                             Queue(os.path.join(s.root, "deep")), args.files, s.fsync, prefix=q))
+        out["deep"] = res.summary()
     return out
+
+
+def checked(outcome: tuple[float, list[str]]) -> Round:
+    rate, problems = outcome
+    return Round(rate, {"problems": problems})
+
+
+def problems_of(res: Result) -> dict[str, Any]:
+    problems = [p for s in SIDES for r in res.rounds[s] for p in r.extra["problems"]]
+    return {"problems": problems, "verified": not problems}
 
 
 def run_multihost(args: argparse.Namespace, shared: Side, embedded: Side) -> dict[str, Any]:
@@ -513,6 +585,13 @@ def render(report: dict[str, Any]) -> str:
         rows.append("\nsmall-file cycle, µs per file per step (median round), plain / spoolfs:")
         rows.append("  " + "   ".join(f"{s} {steps['plain'][s]:.0f} / {steps['spoolfs'][s]:.0f}"
                                       for s in STEPS))
+    if "requests_per_step" in report:
+        rows.append("\nsmall-file cycle, FUSE requests per file per step (spoolfs):")
+        for step, ops in report["requests_per_step"].items():
+            shown = ", ".join(f"{op} {k:g}" for op, k in ops.items())
+            rows.append(f"  {step:<8} {sum(ops.values()):5.1f}  ({shown})")
+    for key in [k for k, r in res.items() if k != "claims" and not r.get("verified", True)]:
+        rows.append(f"\n{res[key]['label']}: PROBLEMS: " + "; ".join(res[key]["problems"]))
     if "claims" in res:
         c = res["claims"]
         rows.append("\nclaims: every consumer tries every file in the same order; wins per "
@@ -535,8 +614,8 @@ def render(report: dict[str, Any]) -> str:
                 + ("on the same filesystem" if fs["same"] else "on DIFFERENT filesystems"))
     for side in SIDES:
         rows.append(f"durability, {side}: {report['durability'][side]}")
-    rows.append(f"figures: median of {report['rounds']} interleaved rounds; the large-file read is "
-                "read once right after writing (caches not dropped)")
+    rows.append(f"figures: median of {report['rounds']} interleaved rounds; the large file is "
+                "read right after writing, then again (caches not dropped)")
     return "\n".join(rows)
 
 
@@ -559,6 +638,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="rounds per side (default 3)")
     p.add_argument("--only", action="append", choices=WORKLOADS,
                    help="run only this workload (repeatable)")
+    p.add_argument("--all", action="store_true", help="run every workload")
+    p.add_argument("--seed-files", type=int, default=5000, help="files in the seed-004 pattern "
+                   "(default 5000)")
+    p.add_argument("--seed-consumers", type=int, default=10, help="consumers in the seed-004 "
+                   "pattern, split over two mounts (default 10)")
+    p.add_argument("--depth", type=int, default=100_000, help="messages waiting in ready/ (and "
+                   "in another queue) for the deep small-file cycle (default 100000)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--store", metavar="postgresql://...",
                    help="also run the small-file cycle and the claims race on this multi-host "
@@ -570,11 +656,14 @@ def parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    for opt in ("files", "consumers", "shell_files", "large_mb", "rounds"):
+    for opt in ("files", "consumers", "shell_files", "large_mb", "rounds", "seed_files",
+                "seed_consumers", "depth"):
         if getattr(args, opt) < 1:
             raise UserError(f"bench: --{opt.replace('_', '-')} must be at least 1", 2)
-    if not args.only:
-        args.only = ["small", "claims", "large"] + (["shell"] if args.shell else [])
+    if args.all:
+        args.only = list(WORKLOADS)
+    elif not args.only:
+        args.only = ["small", "claims", "large", "producers"] + (["shell"] if args.shell else [])
     if args.blobs and not args.store:
         raise UserError("bench: --blobs goes with --store", 2)
     if args.store:
@@ -589,7 +678,7 @@ def run(argv: list[str]) -> int:
     try:
         return bench(args, base)
     finally:
-        if os.path.ismount(os.path.join(base, "mnt")):
+        if any(os.path.ismount(os.path.join(base, m)) for m in ("mnt", "mnt2")):
             progress(f"the mount is still there; left {base} in place")
         else:
             shutil.rmtree(base, ignore_errors=True)
@@ -641,8 +730,9 @@ def bench_multihost(args: argparse.Namespace, base: str, embedded: Side) -> dict
 
 
 def bench(args: argparse.Namespace, base: str) -> int:
-    store, mnt, plain, log = (os.path.join(base, n)
-                              for n in ("store", "mnt", "plain", "daemon.log"))
+    store, mnt, plain, log, mnt2, log2 = (
+        os.path.join(base, n)
+        for n in ("store", "mnt", "plain", "daemon.log", "mnt2", "daemon2.log"))
     for d in (store, mnt, plain):
         os.mkdir(d)
     check_space(base, args)
@@ -656,8 +746,15 @@ def bench(args: argparse.Namespace, base: str) -> int:
             report["daemon_pid"] = mount(store, mnt, log)
             progress(f"spoolfs mounted on {mnt} (daemon pid {report['daemon_pid']}); plain dirs "
                      f"in {plain}; {report['filesystem']['type']}")
-            sides = {"plain": Side("plain", plain, True), "spoolfs": Side("spoolfs", mnt, False)}
+            sides = {"plain": Side("plain", plain, True, plain),
+                     "spoolfs": Side("spoolfs", mnt, False, mnt)}
+            if "seed" in args.only:  # the seed's consumers are split over two mounts
+                os.mkdir(mnt2)
+                mount(store, mnt2, log2)
+                sides["spoolfs"] = Side("spoolfs", mnt, False, mnt2)
             report["results"] = run_workloads(args, sides, base)
+            if "small" in args.only:
+                report["requests_per_step"] = requests_per_step(sides["spoolfs"])
             if args.store:
                 report["multihost"] = bench_multihost(args, base, sides["spoolfs"])
     except (OSError, BenchError) as e:
@@ -665,10 +762,10 @@ def bench(args: argparse.Namespace, base: str) -> int:
         print(f"daemon log ({log}), last lines:\n{tail(log)}", file=sys.stderr)
         return 1
     finally:
-        unmounted = unmount(mnt)
+        unmounted = unmount(mnt) and (not os.path.isdir(mnt2) or unmount(mnt2))
         if not unmounted:
             print(f"spoolfs bench: could not unmount {mnt}", file=sys.stderr)
-    verified = report["results"].get("claims", {}).get("verified", True)
+    verified = all(r.get("verified", True) for r in report["results"].values())
     verified = verified and report.get("multihost", {}).get("results", {}).get(
         "claims", {}).get("verified", True)
     report["ok"] = verified and unmounted

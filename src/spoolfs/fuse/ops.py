@@ -13,6 +13,7 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
+from time import perf_counter_ns
 from typing import Any, TypeVar, cast
 
 import pyfuse3
@@ -24,6 +25,7 @@ from spoolfs.service import status
 from spoolfs.service.content import Handle
 from spoolfs.service.roles import Caller, Gate, proc_groups
 from spoolfs.service.spool import Spool, Who
+from spoolfs.service.timings import TIMINGS
 from spoolfs.store.base import Entry
 
 log = logging.getLogger(__name__)
@@ -57,20 +59,28 @@ def _holds(pid: int, ino: int) -> bool:
 
 
 def _guard(fn: F) -> F:
+    op = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self: Operations, *args: Any) -> Any:
+        start = perf_counter_ns()
         try:
             return await fn(self, *args)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as e:
+            TIMINGS.refused(op, errno.errorcode.get(e.errno, str(e.errno)))
             raise
         except SpoolError as e:
+            code = errno.errorcode.get(e.errno, str(e.errno))
+            TIMINGS.refused(op, code)
             if not isinstance(e, NotFound) or e.hint:
-                log.info("refused %s%s: %s (%s)", fn.__name__, self._describe(fn.__name__, args),
-                         errno.errorcode.get(e.errno, e.errno), e.hint)
+                log.info("refused %s%s: %s (%s)", op, self._describe(op, args), code, e.hint)
             raise pyfuse3.FUSEError(e.errno) from None
         except Exception:
-            log.exception("internal error in %s%s", fn.__name__, self._describe(fn.__name__, args))
+            TIMINGS.refused(op, "EIO")
+            log.exception("internal error in %s%s", op, self._describe(op, args))
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            TIMINGS.request(op, perf_counter_ns() - start)
 
     return cast(F, wrapper)
 
@@ -91,6 +101,7 @@ class Operations(pyfuse3.Operations):
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
         spool.on_gone = self._drop_name
         spool.on_stale = self._drop_attributes
+
 
     def _drop_attributes(self, ids: list[int]) -> None:
         """Another message's link count changed: the kernel must ask again. (Attributes only:
@@ -174,7 +185,8 @@ class Operations(pyfuse3.Operations):
     async def _render(self, ino: int, ctx: Any) -> bytes:
         only = self.root_id if self.root_id != 1 else None
         caller = Caller(ctx.uid, ctx.gid, proc_groups(ctx.pid, ctx.uid, ctx.gid))
-        return virtual.render(ino, await self.spool.snapshot(caller, only), status.metrics)
+        snap = await self.spool.snapshot(caller, only) if virtual.needs_snapshot(ino) else {}
+        return virtual.render(ino, snap, status.metrics)
 
     def _virtual_attr(self, ino: int) -> pyfuse3.EntryAttributes:
         return virtual.attr(ino)
@@ -194,7 +206,7 @@ class Operations(pyfuse3.Operations):
         if found is not None:
             return found
         pid = self._sid(parent_inode)
-        await self.spool.settle(pid)
+        await self.spool.settle(pid, name)
         if name == b".":
             e = self.spool.get(pid)
         elif name == b"..":
@@ -304,8 +316,8 @@ class Operations(pyfuse3.Operations):
                      name_new: bytes, flags: int, ctx: Any) -> None:
         pold, pnew = self._sid(parent_inode_old), self._sid(parent_inode_new)
         self._may(ctx, change=(pnew,), remove=((pold, name_old), (pnew, name_new)))
-        await self.spool.settle(pold)
-        await self.spool.settle(pnew)
+        await self.spool.settle(pold, name_old)
+        await self.spool.settle(pnew, name_new)
         self._forget_name(pnew, name_new)
         if await self.spool.rename(pold, name_old, pnew, name_new, flags, _who(ctx)):
             # Published while a writer holds it: the kernel moves its cached name into ready/,
@@ -317,7 +329,7 @@ class Operations(pyfuse3.Operations):
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         pid = self._sid(parent_inode)
         self._may(ctx, remove=((pid, name),))
-        await self.spool.settle(pid)
+        await self.spool.settle(pid, name)
         self._forget_name(pid, name)
         await self.spool.unlink(pid, name, _who(ctx))
 

@@ -1,29 +1,38 @@
-"""Group commit: concurrent requests share one transaction and one fsync.
+"""Group commit: concurrent requests share one transaction, and durable ones one sync.
 
 Each request is a function of a ``WriteTx``. The first request to arrive while no commit is
 under way leads: it yields once, so that requests the kernel has already passed can join, then
 commits everything queued as one batch (each request in its own savepoint), and keeps going
 while more arrived meanwhile. The others wait for their batch. A request returns only after its
-batch committed.
+batch committed and, if durable, is on disk.
 
-The batch runs on the event loop's thread: handing it to a worker thread and back costs more
-(about 175 µs on a 2-core machine) than the fsync it would overlap, and on one mount the kernel
-already serializes cross-directory renames, so there is little to overlap. Requests that arrive
-while a commit is on disk wait in the kernel and form the next batch. Only when another daemon
-holds the store's write lock does the batch go to a worker thread to wait for it, so a slow
-neighbour never stalls this mount's reads. A store whose commits wait on the network
-(``Store.blocking``: a database server) always commits in a worker thread.
+On a store with ``deferred_sync`` (SQLite in WAL mode) a batch commits on the event loop's
+thread without waiting for the disk (no fsync: about 50-100 µs), and durable requests then wait
+for a sync of the log, which runs in a worker thread and covers every batch committed before it
+started (or on the loop when no other request waits for a commit or a sync: the kernel
+serializes renames across directories, so a lone claim or writer would only pay the hand-off
+to a thread and back, which costs more than the sync). While one sync is on disk, the loop
+keeps answering lookups, reads and writes and
+committing the next batches, whose durable requests share the next sync: producers and
+consumers queue behind one fsync between them, not one each, and a request that needs no
+fsync (an upload's create) never waits for one. When another daemon holds the store's write
+lock the batch goes to a worker thread to wait for it, so a slow neighbour never stalls this
+mount's reads. A store whose commits wait on the network (``Store.blocking``: a database
+server) always commits in a worker thread, durably. Any other store (in memory) commits on the
+loop.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any, TypeVar, cast
 
 import trio
 
 from spoolfs.core.errors import StoreFailure
+from spoolfs.service.timings import TIMINGS
 from spoolfs.store.base import Store, StoreBusy, WriteTx
 
 log = logging.getLogger(__name__)
@@ -31,7 +40,7 @@ T = TypeVar("T")
 
 
 class _Request:
-    __slots__ = ("fn", "durable", "done", "ok", "value")
+    __slots__ = ("fn", "durable", "done", "ok", "value", "batch")
 
     def __init__(self, fn: Callable[[WriteTx], Any], durable: bool) -> None:
         self.fn = fn
@@ -39,6 +48,7 @@ class _Request:
         self.done = trio.Event()
         self.ok = False
         self.value: Any = None
+        self.batch = 0  # the number of the batch it committed in
 
 
 class Committer:
@@ -54,6 +64,12 @@ class Committer:
         self._stop = trio.Event()
         self.batches = 0
         self.requests = 0
+        self.syncs = 0
+        self._committed = 0  # batches committed so far (deferred sync: a log position)
+        self._synced = 0  # every batch up to this one is on disk
+        self._syncing = False
+        self._synced_event = trio.Event()
+        self._want_sync = 0  # durable requests waiting for a sync
 
     async def submit(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         """Run ``fn`` in a transaction; return its result once committed (and fsynced if
@@ -74,7 +90,41 @@ class Committer:
             await self._lead()
         if not req.ok:
             raise req.value
+        if durable and self.store.deferred_sync:
+            await self._sync_to(req.batch)
         return cast(T, req.value)
+
+    async def _sync_to(self, batch: int) -> None:
+        """Return once batch number ``batch`` is on disk: start a sync if none is running (it
+        covers every batch committed so far), else wait for the running one and look again.
+        Shielded: a request told its transition is durable must be so."""
+        self._want_sync += 1
+        try:
+            await self._sync_waiting(batch)
+        finally:
+            self._want_sync -= 1
+
+    async def _sync_waiting(self, batch: int) -> None:
+        with trio.CancelScope(shield=True):
+            while self._synced < batch:
+                if self._syncing:
+                    await self._synced_event.wait()
+                    continue
+                self._syncing = True
+                target = self._committed
+                start = perf_counter_ns()
+                try:
+                    if self._want_sync == 1 and not self._queue and not self._leading:
+                        self.store.sync()  # nobody to share it with: no hand-off to a thread
+                    else:
+                        await trio.to_thread.run_sync(self.store.sync)
+                    self._synced = max(self._synced, target)
+                    self.syncs += 1
+                    TIMINGS.sync(perf_counter_ns() - start)
+                finally:
+                    self._syncing = False
+                    self._synced_event.set()
+                    self._synced_event = trio.Event()
 
     async def _lead(self) -> None:
         """Commit batches until the queue is empty. Shielded: others wait on this task."""
@@ -103,8 +153,9 @@ class Committer:
             self._running = False
 
     async def _commit(self, batch: list[_Request]) -> None:
-        durable = any(r.durable for r in batch)
+        durable = any(r.durable for r in batch) and not self.store.deferred_sync
         fns = [r.fn for r in batch]
+        start = perf_counter_ns()
         try:
             if self.store.blocking:  # a database server: the loop keeps answering meanwhile
                 results = await trio.to_thread.run_sync(self.store.run_batch, fns, durable,
@@ -121,8 +172,10 @@ class Committer:
             results = [(False, StoreFailure(str(e)))] * len(batch)
         self.batches += 1
         self.requests += len(batch)
+        self._committed = self.batches
+        TIMINGS.commit(perf_counter_ns() - start, len(batch))
         for req, (ok, value) in zip(batch, results, strict=False):
-            req.ok, req.value = ok, value
+            req.ok, req.value, req.batch = ok, value, self.batches
             req.done.set()
 
     def close(self) -> None:

@@ -90,7 +90,7 @@ class Publishing(SpoolCore):
 
     async def _publish_settled(self, e: Entry, who: Who) -> None:
         assert e.parent is not None
-        done = trio.Event()  # registered before the first await: see settle()
+        done = (e.name, trio.Event())  # registered before the first await: see settle()
         self._settling.setdefault(e.parent, []).append(done)
         try:
             if e.id in self._failed:  # the writer saw a write fail: the content is not whole
@@ -106,7 +106,7 @@ class Publishing(SpoolCore):
             await self._refused_upload(e, who, f"publish refused: {refused}")
             raise
         finally:
-            done.set()
+            done[1].set()
             waiting = self._settling[e.parent]
             waiting.remove(done)
             if not waiting:
@@ -130,10 +130,16 @@ class Publishing(SpoolCore):
         await self.tx(fn)
         log.warning("upload %r: not published at close (%s); moved to partial/", e.name, why)
 
-    async def settle(self, parent: int) -> None:
-        """Wait until uploads into ``parent`` whose last writer has closed have appeared."""
-        while parent in self._settling:
-            await self._settling[parent][0].wait()
+    async def settle(self, parent: int, name: bytes | None = None) -> None:
+        """Wait until uploads into ``parent`` whose last writer has closed have appeared: all of
+        them (a listing), or the one called ``name`` (a lookup, a rename, an unlink). Other
+        names in the directory go on meanwhile."""
+        while True:
+            waiting = self._settling.get(parent, ())
+            pending = next((ev for n, ev in waiting if name is None or n == name), None)
+            if pending is None:
+                return
+            await pending.wait()
 
     async def _publish_hidden(self, e: Entry, who: Who) -> None:
         sealed = await self._seal(e)

@@ -103,7 +103,8 @@ class SpoolCore:
         #: called with entry ids whose attributes changed without a request naming them (the
         #: link count of every message sharing content that was linked or released)
         self.on_stale: Callable[[list[int]], None] = lambda ids: None
-        self._settling: dict[int, list[trio.Event]] = {}  # dir id -> uploads being published
+        #: dir id -> (name, done) of the uploads being published into it
+        self._settling: dict[int, list[tuple[bytes, trio.Event]]] = {}
         self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
 
     async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:

@@ -18,6 +18,7 @@ from prometheus_client.exposition import generate_latest
 
 from spoolfs.core.policy import DEFAULT, NS, Policy
 from spoolfs.core.rules import STATES
+from spoolfs.service.timings import TIMINGS
 from spoolfs.store.base import ReadTx
 from spoolfs.store.site import Place, embedded
 
@@ -171,7 +172,9 @@ class _Collector:
 
 
 def metrics(snap: dict[str, Any]) -> bytes:
-    """The snapshot in the Prometheus text exposition format."""
+    """The snapshot in the Prometheus text exposition format, with this daemon's request and
+    commit figures (service/timings.py)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(snap))
+    registry.register(TIMINGS)
     return generate_latest(registry)

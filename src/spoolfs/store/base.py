@@ -239,6 +239,10 @@ class Store(abc.ABC):
     reserve: Reserve | None = None
     #: run_batch waits on the network (a database server): never call it on the event loop
     blocking: bool = False
+    #: ``run_batch(durable=False)`` commits without waiting for the disk, and ``sync()`` then
+    #: makes every commit made so far durable: one sync, off the event loop, serves many
+    #: commits while new ones go on
+    deferred_sync: bool = False
     #: several hosts share the store: each host's recovery judges only its own files
     shared: bool = False
 
@@ -261,6 +265,11 @@ class Store(abc.ABC):
         time. A failing commit raises ``StoreFailure`` and nothing is applied. With
         ``wait=False`` it never waits for another writer: it raises ``StoreBusy`` before
         running anything instead."""
+
+    def sync(self) -> None:
+        """With ``deferred_sync``: make every transaction committed so far durable (called in
+        a worker thread, while the event loop goes on committing)."""
+        raise NotImplementedError(f"{type(self).__name__} syncs at every durable commit")
 
     def reserve_blob_id(self) -> int:
         """A blob id no row has or will take (for content stored before its row commits)."""

@@ -295,6 +295,8 @@ class SqliteStore(Store):
     """``path`` is the database file; created with its schema and root entry if missing.
     ``reserve`` is the store directory's metadata reserve, released when the disk fills."""
 
+    deferred_sync = True
+
     def __init__(self, path: str, reserve: Reserve | None = None) -> None:
         self.path = path
         self.reserve = reserve
@@ -311,6 +313,8 @@ class SqliteStore(Store):
         self._busy_ms = BUSY_TIMEOUT_MS
         self._scan_conn: sqlite3.Connection | None = None  # opened at the first scan
         self._scan_lock = threading.Lock()
+        self._wal_fd = -1  # the write-ahead log, for sync()
+        self._wal_lock = threading.Lock()
 
     def _init_schema(self) -> None:
         c = self._wconn
@@ -420,10 +424,47 @@ class SqliteStore(Store):
             raise
         return results
 
+    def sync(self) -> None:
+        """fsync the write-ahead log: in WAL mode a transaction is durable once its frames in
+        the log are on disk (what ``synchronous=FULL`` does at each commit), and an fsync
+        covers every frame written before it, this daemon's or another's. A checkpoint that
+        moved frames into the database file has synced both files itself. A log replaced
+        since it was opened (the last connection of another daemon closed it) is opened
+        again, and the database file synced too."""
+        with self._wal_lock:
+            try:
+                if self._wal_fd >= 0 and os.fstat(self._wal_fd).st_nlink == 0:
+                    os.close(self._wal_fd)
+                    self._wal_fd = -1
+                    self._fsync_path(self.path)
+                if self._wal_fd < 0:
+                    try:
+                        self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+                    except FileNotFoundError:  # every commit is in the database file
+                        self._fsync_path(self.path)
+                        return
+                    self._fsync_path(os.path.dirname(self.path) or ".")  # the log's name
+                os.fdatasync(self._wal_fd)
+            except OSError as e:
+                raise_if_full(e, self.reserve)
+                raise StoreFailure(f"store sync failed: {e}") from e
+
+    @staticmethod
+    def _fsync_path(path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         with self._scan_lock:
             if self._scan_conn is not None:
                 self._scan_conn.close()
+        with self._wal_lock:
+            if self._wal_fd >= 0:
+                os.close(self._wal_fd)
+                self._wal_fd = -1
         self._rconn.close()
         self._wconn.close()
 
