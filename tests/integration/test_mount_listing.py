@@ -68,3 +68,17 @@ def test_listing_ready_while_claims_run(queue: Queue, tmp_path: Path) -> None:
     assert sorted(p.name for p in (queue.working / "c0").iterdir()) == move
     assert sorted(p.name for p in queue.ready.iterdir()) == keep
 
+
+
+def test_listings_come_out_oldest_first(queue: Queue) -> None:
+    """A directory lists in entry order, read in pages: ``ls -f ready | head`` gives a FIFO
+    consumer the oldest messages, however the names sort."""
+    names = [f"{(i * 7919) % 1000:03d}-m" for i in range(600)]  # not in name order
+    for n in names:
+        queue.publish(n, n.encode())
+    listed = subprocess.run(["ls", "-f", str(queue.ready)], check=True, capture_output=True,
+                            text=True).stdout.split()
+    assert [n for n in listed if n not in (".", "..")] == names
+    head = subprocess.run(f"ls -f {queue.ready} | grep -v '^\\.' | head -3", shell=True,
+                          check=True, capture_output=True, text=True).stdout.split()
+    assert head == names[:3]

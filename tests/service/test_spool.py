@@ -165,9 +165,9 @@ async def test_recovery_never_takes_an_upload_published_since_it_looked(tmp_path
     other = Spool(other_store, str(tmp_path))
     e, h = await spool.create(q[State.READY], b"x", 0o644, WHO)
     spool.write(h, 0, b"whole")
-    listed = other.r.all_entries()  # recovery's list: x is a hidden upload here
+    listed = other.r.staged_entries()  # recovery's list: x is a hidden upload here
     await spool.close(h, WHO)  # ... and its writer closes it: published
-    other.r.all_entries = lambda: listed  # type: ignore[method-assign]
+    other.r.staged_entries = lambda: listed  # type: ignore[method-assign]
     counts = recover(other)
     assert counts["uploads_to_partial"] == 0
     assert spool.lookup(q[State.READY], b"x").size == 5

@@ -61,3 +61,21 @@ def test_a_thread_belongs_to_its_process() -> None:
     finally:
         done.set()
         t.join()
+
+
+def test_holds_finds_a_descriptor_on_an_inode_and_passes_over_pipes(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    ino = f.stat().st_ino
+    assert not procinfo.holds(os.getpid(), ino)
+    r, w = os.pipe()  # a pipe's link is not a path: never read further
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert procinfo.holds(os.getpid(), ino)
+        assert not procinfo.holds(os.getpid(), ino + 1_000_000)
+    finally:
+        os.close(fd)
+        os.close(r)
+        os.close(w)
+    assert not procinfo.holds(os.getpid(), ino)
+    assert not procinfo.holds(2**22 + 12345, ino), "a process that is gone holds nothing"

@@ -168,3 +168,22 @@ def test_store_settings(store: Store) -> None:
     assert store.reader().meta("blobs") == "s3://bucket/prefix"
     one(store, lambda tx: tx.set_meta("blobs", "/shared/dir"))
     assert store.reader().meta("blobs") == "/shared/dir"
+
+
+def test_a_directory_is_read_in_pages_by_id(store: Store) -> None:
+    """``page`` gives a directory's visible entries in id order after a given id: a listing
+    resumes where it stopped while names come and go, and skips unpublished uploads."""
+    d = one(store, lambda tx: tx.insert(parent=1, name=b"d", kind="state", state=State.READY,
+                                        mode=0o40755, mtime_ns=1, ctime_ns=1, created_ns=1))
+    ids = [one(store, lambda tx, i=i: msg(tx, d.id, b"m%02d" % i)).id for i in range(7)]
+    one(store, lambda tx: msg(tx, d.id, b"hidden", hidden=1))
+    r = store.reader()
+    first = r.page(d.id, 0, 3)
+    assert [e.id for e in first] == ids[:3]
+    one(store, lambda tx: tx.delete(ids[3]))  # gone before its turn: never listed
+    one(store, lambda tx: tx.delete(ids[1]))  # gone after it was listed: shifts nothing
+    late = one(store, lambda tx: msg(tx, d.id, b"late"))
+    rest = r.page(d.id, first[-1].id, 3)
+    assert [e.id for e in rest] == ids[4:7]
+    assert [e.id for e in r.page(d.id, rest[-1].id, 3)] == [late.id]
+    assert r.page(d.id, late.id, 3) == []

@@ -31,9 +31,12 @@ from spoolfs.store.base import Entry
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
-#: Seconds the kernel may cache names and attributes. Other daemons on the same store see
-#: changes within this; this daemon's own changes reach the kernel through its replies.
+#: Seconds the kernel may cache names, absent names and attributes. Other daemons on the same
+#: store see changes within this; this daemon's own changes reach the kernel through its
+#: replies, or by dropping the names it changed without a request.
 TIMEOUT = 1.0
+#: entries read from the store at a time for a listing
+PAGE = 256
 
 
 def _who(ctx: Any) -> Who:
@@ -41,21 +44,8 @@ def _who(ctx: Any) -> Who:
 
 
 def _holds(pid: int, ino: int) -> bool:
-    """Whether process ``pid`` still has a descriptor open on inode ``ino`` (read from
-    /proc/PID/fdinfo, which never calls back into this filesystem)."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fdinfo")
-    except OSError:
-        return False
-    want = f"\nino:\t{ino}\n"
-    for fd in fds:
-        try:
-            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                if want in f.read():
-                    return True
-        except OSError:
-            continue
-    return False
+    """Whether process ``pid`` still has a descriptor open on inode ``ino``."""
+    return procinfo.holds(pid, ino)
 
 
 def _guard(fn: F) -> F:
@@ -95,7 +85,7 @@ class Operations(pyfuse3.Operations):
         self.root_id = root_id
         self.roles = roles  # -o strict_roles: the daemon checks the modes too, root included
         self._handles: dict[int, Handle] = {}
-        self._dirs: dict[int, list[tuple[bytes, Entry | int]]] = {}  # int: MOUNT/.spool/
+        self._dirs: dict[int, int] = {}  # open directory handle -> the directory's id
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
@@ -213,8 +203,22 @@ class Operations(pyfuse3.Operations):
             e = self.spool.get(pid)
             e = self.spool.get(e.parent if e.parent is not None and pid != self.root_id else pid)
         else:
-            e = self.spool.lookup(pid, name)
+            entry = self.spool.find(pid, name)
+            if entry is None:  # the kernel keeps the answer as long as a name (see TIMEOUT)
+                return self._absent()
+            e = entry
         return self._remember(e, self._attr(e))
+
+    @staticmethod
+    def _absent() -> pyfuse3.EntryAttributes:
+        """A negative entry: no such name, for TIMEOUT seconds. A name this daemon makes
+        appears through the kernel's own request, or is dropped from its cache (lifecycle
+        moves, other daemons' changes on a shared store); another daemon on the same
+        embedded store is seen within TIMEOUT, as for names that exist."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = 0
+        a.entry_timeout = TIMEOUT
+        return a
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
@@ -268,32 +272,36 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
-        if inode == virtual.DIR:
-            fh = self._next_fh
-            self._next_fh += 1
-            self._dirs[fh] = [(name, ino) for name, ino in virtual.FILES.items()]
-            return fh
-        sid = self._sid(inode)
-        await self.spool.settle(sid)
-        # One snapshot per opendir: stable cookies, and one query for the whole listing.
-        entries: list[tuple[bytes, Entry | int]] = [(e.name, e) for e in self.spool.listdir(sid)]
+        sid = virtual.DIR
+        if inode != virtual.DIR:
+            sid = self._sid(inode)
+            await self.spool.settle(sid)
+            self.spool.check_dir(sid)
         fh = self._next_fh
         self._next_fh += 1
-        self._dirs[fh] = entries
+        self._dirs[fh] = sid
         return fh
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        entries = self._dirs.get(fh, [])
-        for i in range(start_id, len(entries)):
-            name, e = entries[i]
-            if isinstance(e, int):  # MOUNT/.spool/
-                if not pyfuse3.readdir_reply(token, name, virtual.attr(e), i + 1):
+        """A page at a time, in entry order: the offset of an entry is its id, so the next
+        call resumes after it however many names came or went meanwhile (keyset)."""
+        sid = self._dirs[fh]
+        if sid == virtual.DIR:  # MOUNT/.spool/
+            for i, (name, ino) in enumerate(list(virtual.FILES.items())[start_id:], start_id):
+                if not pyfuse3.readdir_reply(token, name, virtual.attr(ino), i + 1):
                     return
-                continue
-            if not pyfuse3.readdir_reply(token, name, self._attr(e), i + 1):
+            return
+        after = start_id
+        while True:
+            page = self.spool.r.page(sid, after, PAGE)
+            for e in page:
+                if not pyfuse3.readdir_reply(token, e.name, self._attr(e), e.id):
+                    return
+                self._lookups[e.id] = self._lookups.get(e.id, 0) + 1
+                after = e.id
+            if len(page) < PAGE:
                 return
-            self._lookups[e.id] = self._lookups.get(e.id, 0) + 1
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

@@ -32,6 +32,40 @@ def process_of(tid: int) -> int:
         return tid
 
 
+#: what a descriptor's link in /proc/PID/fd/ reads when it cannot be a file of a mount
+_NOT_A_FILE = ("/dev/null", "/dev/pts/", "/dev/tty")
+
+
+def holds(pid: int, ino: int) -> bool:
+    """Whether process ``pid`` has a descriptor open on inode ``ino`` (of any file system: the
+    caller knows which inode is its). Each descriptor's link is read first (a readlink never
+    calls into a file system): pipes, sockets, event fds and terminals are passed over, and
+    only the others' ``fdinfo`` is read for its inode number."""
+    base = f"/proc/{pid}/fd/"
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return False
+    want = b"\nino:\t%d\n" % ino
+    for fd in fds:
+        try:
+            link = os.readlink(base + fd)
+        except OSError:
+            continue  # closed meanwhile
+        if not link.startswith("/") or link.startswith(_NOT_A_FILE):
+            continue
+        try:
+            info = os.open(f"/proc/{pid}/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if want in os.read(info, 4096):
+                return True
+        finally:
+            os.close(info)
+    return False
+
+
 def _fields(pid: int) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` numbered from 3 on (state, ppid, ...), or None when the
     process is gone. The command name (field 2) may hold spaces and parentheses: the fields

@@ -62,8 +62,8 @@ class Lifecycle:
                     fn: Callable[[Entry, WriteTx], tuple[int, bytes] | None]) -> list[int]:
         """Apply ``fn`` to each item in a request of its own, all submitted together: group
         commit makes them one transaction, and a message that fails (logged) holds up no other.
-        Returns the ids that moved (committed); their old names are dropped from the kernel's
-        cache."""
+        Returns the ids that moved (committed); their old and new names are dropped from the
+        kernel's cache."""
         gone: list[tuple[int, bytes]] = []
         done: list[int] = []
 
@@ -83,6 +83,10 @@ class Lifecycle:
         async with trio.open_nursery() as n:
             for seen in items:
                 n.start_soon(one, seen)
+        for entry_id in done:  # where it is now: a kernel may hold that name as absent
+            now = self.spool.r.get(entry_id)
+            if now is not None and now.parent is not None:
+                gone.append((now.parent, now.name))
         self._forget(gone)
         return done
 

@@ -46,7 +46,7 @@ def recover(spool: Spool) -> dict[str, int]:
     counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blob_orphans": 0, "blobs_freed": 0}
     if content.staging.adopt_flat_layout():
         log.info("recovery: staging files moved into the bucketed layout")
-    entries = r.all_entries()
+    entries = r.staged_entries()  # found by index: mounting costs the same however deep the queues
 
     shared = not spool.place.embedded
     for e in entries:
@@ -79,7 +79,7 @@ def recover(spool: Spool) -> dict[str, int]:
     def orphans(tx: WriteTx) -> None:
         # A new upload's staging file is held before its row commits: a file nobody holds
         # and no row names is left over from a crash.
-        staged = {e.id for e in tx.all_entries() if e.staged}
+        staged = {e.id for e in tx.staged_entries()}
         for sid in content.staging.ids():
             if sid not in staged and not _in_use(content.staging.path(sid)):
                 content.staging.remove(sid)
@@ -89,19 +89,18 @@ def recover(spool: Spool) -> dict[str, int]:
             # blob files and rows are gc's, which waits out a grace period (service/gc.py).
             return
         # Holding the write lock: no other daemon is between placing a blob file and
-        # committing the row that names it.
-        blobs = {b.id: b for b in tx.all_blobs()}
+        # committing the row that names it. (Content kept inside the store, small messages,
+        # has no file: a deep queue of those costs nothing here.)
         for path, sha, bid in content.blobs.walk():
-            b = blobs.get(bid)
+            b = tx.blob(bid)
             if b is None or b.sha256 != sha or b.data is not None:
                 os.unlink(path)
                 counts["blob_orphans"] += 1
-        for b in blobs.values():
-            if b.refcount == 0:
-                tx.blob_delete(b.id)
-                if b.data is None:
-                    content.blobs.remove(b.sha256, b.id)
-                counts["blobs_freed"] += 1
+        for b in tx.unreferenced_blobs():
+            tx.blob_delete(b.id)
+            if b.data is None:
+                content.blobs.remove(b.sha256, b.id)
+            counts["blobs_freed"] += 1
 
     ok, err = spool.store.run_batch([orphans], durable=True)[0]
     if not ok:

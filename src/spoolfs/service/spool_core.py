@@ -124,11 +124,24 @@ class SpoolCore:
             raise NotFound()
         return e
 
+    def find(self, parent: int, name: bytes) -> Entry | None:
+        """The visible entry ``parent/name``, or None when the name is free; NotFound (never
+        None) when an unpublished upload holds the name, which may appear at any close."""
+        if len(name) > 255:
+            check_message_name(name)
+        e = self.r.lookup(parent, name)
+        if e is not None and e.hidden:
+            raise NotFound()
+        return e
+
     def listdir(self, parent: int) -> list[Entry]:
-        d = self.get(parent)
-        if not is_dir(d):
-            raise NotADirectory()
+        self.check_dir(parent)
         return [e for e in self.r.children(parent) if not e.hidden]
+
+    def check_dir(self, entry_id: int) -> None:
+        """NotFound or NotADirectory unless the entry is a directory."""
+        if not is_dir(self.get(entry_id)):
+            raise NotADirectory()
 
     async def snapshot(self, caller: Caller | None = None, only_queue: int | None = None
                        ) -> dict[str, Any]:

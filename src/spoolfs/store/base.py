@@ -94,6 +94,12 @@ class ReadTx(abc.ABC):
     def children(self, parent: int) -> list[Entry]: ...
 
     @abc.abstractmethod
+    def page(self, parent: int, after: int, limit: int) -> list[Entry]:
+        """Up to ``limit`` visible children of ``parent`` whose id is above ``after``, in id
+        order (a listing read in pages: each costs what a page costs, however deep the
+        directory, and names that come and go never shift the others)."""
+
+    @abc.abstractmethod
     def has_children(self, parent: int) -> bool: ...
 
     @abc.abstractmethod
@@ -162,6 +168,15 @@ class ReadTx(abc.ABC):
 
     @abc.abstractmethod
     def all_entries(self) -> list[Entry]: ...
+
+    @abc.abstractmethod
+    def staged_entries(self) -> list[Entry]:
+        """Entries whose content is still staged (uploads being written), in id order: what
+        recovery judges, found without reading every row."""
+
+    @abc.abstractmethod
+    def unreferenced_blobs(self) -> list[Blob]:
+        """Blob rows no message holds any more."""
 
     @abc.abstractmethod
     def all_blobs(self) -> list[Blob]: ...

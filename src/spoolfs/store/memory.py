@@ -65,6 +65,11 @@ class MemoryRead(ReadTx):
     def children(self, parent: int) -> list[Entry]:
         return [self._entry(r) for r in self._where(lambda r: r["parent"] == parent)]
 
+    def page(self, parent: int, after: int, limit: int) -> list[Entry]:
+        rows = self._where(lambda r: r["parent"] == parent and r["id"] > after
+                           and not r["hidden"])
+        return [self._entry(r) for r in rows[:limit]]
+
     def has_children(self, parent: int) -> bool:
         return any(r["parent"] == parent for r in self.s.entries.values())
 
@@ -145,6 +150,12 @@ class MemoryRead(ReadTx):
 
     def all_entries(self) -> list[Entry]:
         return [self._entry(r) for r in self._where(lambda r: True)]
+
+    def staged_entries(self) -> list[Entry]:
+        return [self._entry(r) for r in self._where(lambda r: bool(r["staged"]))]
+
+    def unreferenced_blobs(self) -> list[Blob]:
+        return [b for b in self.all_blobs() if b.refcount == 0]
 
     def all_blobs(self) -> list[Blob]:
         return [Blob(i, *b) for i, b in sorted(self.s.blobs.items())]

@@ -52,6 +52,9 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE INDEX IF NOT EXISTS entries_queue_state ON entries(queue, state, enqueued_ns);
 CREATE INDEX IF NOT EXISTS entries_blob ON entries(blob);
+CREATE INDEX IF NOT EXISTS entries_parent ON entries(parent, id);
+CREATE INDEX IF NOT EXISTS entries_staged ON entries(id) WHERE staged=1;
+CREATE INDEX IF NOT EXISTS blobs_unreferenced ON blobs(id) WHERE refcount=0;
 CREATE INDEX IF NOT EXISTS entries_lease ON entries(lease_ns) WHERE lease_ns IS NOT NULL;
 CREATE INDEX IF NOT EXISTS entries_retry ON entries(retry_ns) WHERE retry_ns IS NOT NULL;
 CREATE INDEX IF NOT EXISTS entries_finished ON entries(queue, state, finished_ns)

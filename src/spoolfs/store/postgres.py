@@ -135,6 +135,10 @@ class PgRead(ReadTx):
     def children(self, parent: int) -> list[Entry]:
         return self._entries(f"{_SEL} WHERE e.parent=%s ORDER BY e.id", (parent,))
 
+    def page(self, parent: int, after: int, limit: int) -> list[Entry]:
+        return self._entries(f"{_SEL} WHERE e.parent=%s AND e.id>%s AND e.hidden=0 "
+                             "ORDER BY e.id LIMIT %s", (parent, after, limit))
+
     def has_children(self, parent: int) -> bool:
         return self.q1("SELECT 1 FROM entries WHERE parent=%s LIMIT 1", (parent,)) is not None
 
@@ -213,6 +217,12 @@ class PgRead(ReadTx):
 
     def all_entries(self) -> list[Entry]:
         return self._entries(f"{_SEL} ORDER BY e.id")
+
+    def staged_entries(self) -> list[Entry]:
+        return self._entries(f"{_SEL} WHERE e.staged=1 ORDER BY e.id")
+
+    def unreferenced_blobs(self) -> list[Blob]:
+        return [cast(Blob, _blob(r)) for r in self.q(f"{_BLOB} WHERE refcount=0 ORDER BY id")]
 
     def all_blobs(self) -> list[Blob]:
         return [cast(Blob, _blob(r)) for r in self.q(f"{_BLOB} ORDER BY id")]

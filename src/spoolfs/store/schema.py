@@ -92,6 +92,12 @@ CREATE INDEX IF NOT EXISTS entries_lease ON entries(lease_ns) WHERE lease_ns IS 
 CREATE INDEX IF NOT EXISTS entries_retry ON entries(retry_ns) WHERE retry_ns IS NOT NULL;
 CREATE INDEX IF NOT EXISTS entries_finished ON entries(queue, state, finished_ns)
     WHERE finished_ns IS NOT NULL;
+-- A directory's entries in id order (the rowid follows the parent in the index): listings
+-- and recovery read a directory a page at a time.
+CREATE INDEX IF NOT EXISTS entries_parent ON entries(parent);
+-- Uploads still being written, and content no message holds: what recovery looks at.
+CREATE INDEX IF NOT EXISTS entries_staged ON entries(id) WHERE staged=1;
+CREATE INDEX IF NOT EXISTS blobs_unreferenced ON blobs(id) WHERE refcount=0;
 """
 
 #: version -> statements that bring a store of that version to the next one

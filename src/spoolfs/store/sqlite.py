@@ -79,6 +79,11 @@ class SqliteRead(ReadTx):
         rows = self.conn.execute(f"{_SEL} WHERE e.parent=? ORDER BY e.id", (parent,)).fetchall()
         return [Entry.from_row(r) for r in rows]
 
+    def page(self, parent: int, after: int, limit: int) -> list[Entry]:
+        rows = self.conn.execute(f"{_SEL} WHERE e.parent=? AND e.id>? AND e.hidden=0 "
+                                 "ORDER BY e.id LIMIT ?", (parent, after, limit)).fetchall()
+        return [Entry.from_row(r) for r in rows]
+
     def has_children(self, parent: int) -> bool:
         return self.conn.execute("SELECT 1 FROM entries WHERE parent=? LIMIT 1",
                                  (parent,)).fetchone() is not None
@@ -160,6 +165,14 @@ class SqliteRead(ReadTx):
 
     def all_entries(self) -> list[Entry]:
         return [Entry.from_row(r) for r in self.conn.execute(f"{_SEL} ORDER BY e.id")]
+
+    def staged_entries(self) -> list[Entry]:
+        return [Entry.from_row(r) for r in
+                self.conn.execute(f"{_SEL} WHERE e.staged=1 ORDER BY e.id")]
+
+    def unreferenced_blobs(self) -> list[Blob]:
+        return [Blob(*r) for r in self.conn.execute(
+            "SELECT id, sha256, size, refcount, data FROM blobs WHERE refcount=0 ORDER BY id")]
 
     def all_blobs(self) -> list[Blob]:
         return [Blob(*r) for r in
