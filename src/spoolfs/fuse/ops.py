@@ -421,7 +421,8 @@ class Operations(pyfuse3.Operations):
         # still in /proc while the kernel closes its files: whether a writer finished is
         # known now, and never later (procinfo.py).
         h = self._handles[fh]
-        if not self.spool.awaits_publish(h):
+        pending = self.spool.pending_upload(h)
+        if pending is None:
             return
         if _holds(h.opener, self._ino(h.entry_id)):
             why = await trio.to_thread.run_sync(procinfo.child_unfinished, h.opener)
@@ -429,7 +430,7 @@ class Operations(pyfuse3.Operations):
                 self.spool.writer_failed(h, why)
             return
         await self.spool.publish_at_close(h, Who(pid=h.opener),
-                                          procinfo.opener_unfinished(h.opener))
+                                          procinfo.opener_unfinished(h.opener), pending)
 
     @_guard
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -121,10 +121,14 @@ class Uploads(Publishing):
 
     def awaits_publish(self, h: Handle) -> bool:
         """Whether ``h`` writes an upload into ``ready/`` that has not appeared yet."""
+        return self.pending_upload(h) is not None
+
+    def pending_upload(self, h: Handle) -> Entry | None:
+        """The upload into ``ready/`` that ``h`` writes, if it has not appeared yet."""
         if not h.writable or h.done:
-            return False
+            return None
         e = self.r.get(h.entry_id)
-        return e is not None and e.hidden
+        return e if e is not None and e.hidden else None
 
     def writer_failed(self, h: Handle, why: str) -> None:
         """A process writing through ``h`` did not finish (``why``: it ``was killed by
@@ -133,8 +137,8 @@ class Uploads(Publishing):
             self._unfinished.setdefault(h.entry_id, why)
             log.info("upload %d: its writer %s", h.entry_id, why)
 
-    async def publish_at_close(self, h: Handle, who: Who, unfinished: str | None = None
-                               ) -> None:
+    async def publish_at_close(self, h: Handle, who: Who, unfinished: str | None = None,
+                               pending: Entry | None = None) -> None:
         """The opener closed its descriptor and holds no other: an upload into ``ready/``
         appears now, durable before ``close(2)`` returns (``cp x ready/`` then exits 0 only
         once the message is safe). Later writes through a copy of the descriptor are refused.
@@ -143,15 +147,17 @@ class Uploads(Publishing):
         SIGKILL``, ``exited with status 1``). Such an upload, or one a process holding a copy
         of the descriptor did not finish (``writer_failed``), is never published: it goes to
         ``partial/`` with the bytes written so far, now or, if another writer still holds
-        it, at that writer's last close; a copy of the descriptor writes on into it there."""
-        if not self.awaits_publish(h):
+        it, at that writer's last close; a copy of the descriptor writes on into it there.
+        ``pending``: the upload as ``pending_upload`` just read it (saves reading it again)."""
+        e = pending if pending is not None else self.pending_upload(h)
+        if e is None:
             return
         if unfinished is not None:
             self.writer_failed(h, unfinished)
         if self._writers.get(h.entry_id, 0) > 1:
             return  # another writer holds it: the last close decides
         h.done = h.entry_id not in self._unfinished
-        await self._publish_settled(self.get(h.entry_id), who)
+        await self._publish_settled(e, who)
 
     async def close(self, h: Handle, who: Who) -> None:
         """The last writable handle publishes a pending upload into ``ready/``.

@@ -410,18 +410,24 @@ class SqliteStore(Store):
             raise StoreFailure(f"store unavailable: {e}") from e
         except sqlite3.Error as e:
             raise StoreFailure(f"store unavailable: {e}") from e
+        alone = len(fns) == 1  # no savepoint needed: a failure rolls the transaction back
         try:
             for fn in fns:
-                c.execute("SAVEPOINT op")
+                if not alone:
+                    c.execute("SAVEPOINT op")
                 try:
                     res = fn(self._writer)
                 except (SpoolError, sqlite3.IntegrityError, OSError, ValueError, ArithmeticError,
                         TypeError) as e:  # this request fails alone; the others commit
+                    if alone:
+                        c.execute("ROLLBACK")
+                        return [(False, e)]
                     c.execute("ROLLBACK TO op")
                     c.execute("RELEASE op")
                     results.append((False, e))
                 else:
-                    c.execute("RELEASE op")
+                    if not alone:
+                        c.execute("RELEASE op")
                     results.append((True, res))
             c.execute("COMMIT")
         except sqlite3.Error as e:
