@@ -94,8 +94,9 @@ def test_full_disk_refuses_uploads_but_queue_still_drains(small_disk: Path,
     m.daemon_alive()
 
     # New uploads are refused, and a refused direct publish never shows up in ready/.
+    # (Larger than dd's blocks: what its last refused block left free stays above the floor.)
     new = tmp_path / "new"
-    new.write_bytes(b"x" * 200_000)
+    new.write_bytes(b"x" * 2_000_000)
     fails("cp", new, q.ready / "new", message="No space left on device")
     assert "new" not in ls(q.ready)
 
