@@ -104,8 +104,12 @@ def _close_all(mounts: list[Mount]) -> None:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    """The store directory (spoolfs creates it on first mount)."""
-    return tmp_path / "store"
+    """A new, empty store directory, made as ``spoolfs format`` makes one."""
+    from spoolfs.cli.format import make_store
+
+    path = tmp_path / "store"
+    make_store(str(path))
+    return path
 
 
 @pytest.fixture

@@ -64,6 +64,13 @@ def mounted(path: Path) -> bool:
     return False
 
 
+def new_store(path: Path) -> Path:
+    """A new, empty store at ``path``, made as an operator makes one (``spoolfs format``)."""
+    made = spoolfs_cli("format", str(path))
+    assert made.returncode == 0, made.stderr.decode(errors="replace")
+    return path
+
+
 class Mount:
     """One spoolfs daemon, started like an operator starts it (``spoolfs STORE MNT``)."""
 
@@ -94,6 +101,8 @@ class Mount:
     def start(self, timeout: float = MOUNT_TIMEOUT) -> Mount:
         """Mount; returns once the daemon's parent has exited 0 and the mount is ready."""
         self.path.mkdir(parents=True, exist_ok=True)
+        if ":" not in str(self.store) and not (Path(self.store) / "meta.db").exists():
+            new_store(self.store)
         self._log_offset = self.log_size()
         self._pid = None
         res = spoolfs_cli(*self.argv, timeout=timeout)

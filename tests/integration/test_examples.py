@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.mounts import new_store
 from helpers.waiting import patience
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +94,7 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) ->
 
 @pytest.fixture
 def spool(tmp_path: Path) -> Iterator[Spool]:
-    s = Spool(tmp_path / "store", tmp_path / "mnt", tmp_path / "spoolfs.log")
+    s = Spool(new_store(tmp_path / "store"), tmp_path / "mnt", tmp_path / "spoolfs.log")
     s.path.mkdir()
     res = spoolfs(s.store, s.path, "--log-file", s.log)
     assert res.returncode == 0, f"mount failed: {res.stderr}\n{s.log_text()}"

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.fuse
 
 def test_mount_returns_when_ready_and_logs_its_pid(mount: Mount) -> None:
     assert os.path.ismount(mount.path)
-    assert mount.store.is_dir(), "STORE is created when missing"
+    assert (mount.store / "meta.db").is_file()
     assert not process_exited(mount.pid), "the pid in the log is not a running process"
     assert visible(ls(mount.path)) == []
 

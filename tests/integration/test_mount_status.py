@@ -137,8 +137,12 @@ def test_check_exit_codes(module_mount: Mount, tmp_path: Path, setting: str,
     assert rc == 0 or name not in out, out  # nothing set on this queue yet
     qset(q.path, setting)
     rc, out = status(str(module_mount.path), "--check")
-    assert rc == 2, out
-    assert f"CHECK: {name}: " in out and problem in out, out
+    level = "CRITICAL" if setting.startswith("min_free") else "WARNING"  # Nagios's codes
+    assert rc == (2 if level == "CRITICAL" else 1), out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"SPOOLFS {level} - "), out  # the summary line first
+    assert any(ln.startswith(f"{level}: {name}: ") and problem in ln for ln in lines[1:]), out
+    assert "QUEUE" not in out, "--check prints only what is crossed"
     qset(q.path, setting.split("=")[0] + "=" + ("auto" if setting.startswith("min_free") else "none"))
 
 

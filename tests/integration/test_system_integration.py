@@ -29,7 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers.mounts import Mount, MountFactory, mounted, stop_foreground, wait_foreground_mount
+from helpers.mounts import (
+    Mount,
+    MountFactory,
+    mounted,
+    new_store,
+    stop_foreground,
+    wait_foreground_mount,
+)
 from helpers.procs import one_line_error, process_exited
 from helpers.queues import STATES
 from helpers.waiting import patience, wait_until
@@ -169,7 +176,7 @@ def ns(tmp_path: Path) -> Iterator[Namespace]:
 
 def test_mount_t_fuse_spoolfs_takes_spoolfs_options_and_umount_unmounts(
         ns: Namespace, mounter: MountFactory, tmp_path: Path) -> None:
-    store, mnt, log = tmp_path / "store", tmp_path / "mnt", tmp_path / "spoolfs.log"
+    store, mnt, log = new_store(tmp_path / "store"), tmp_path / "mnt", tmp_path / "spoolfs.log"
     mnt.mkdir()
     pid = ns.mount("-t", "fuse.spoolfs", store, mnt, "-o",
                    f"queue=q,log_level=debug,log_file={log}", log=log, mountpoint=mnt)
@@ -207,7 +214,7 @@ def test_fstab_line_mounts_with_mount_T_and_spoolfs_umount_unmounts(ns: Namespac
                                                                    tmp_path: Path) -> None:
     _, _, fstype, options, dump, passno = fstab_example()
     assert fstype == "fuse.spoolfs"
-    store, mnt, log = tmp_path / "store", tmp_path / "spool", tmp_path / "spoolfs.log"
+    store, mnt, log = new_store(tmp_path / "store"), tmp_path / "spool", tmp_path / "spoolfs.log"
     mnt.mkdir()
     # the example, its paths made this test's, appended to a copy of the example file
     fstab = tmp_path / "fstab"
@@ -239,7 +246,7 @@ def unit(path: Path) -> configparser.ConfigParser:
 def test_mount_unit_mounts_as_systemd_mounts_it(ns: Namespace, tmp_path: Path) -> None:
     """systemd starts a .mount unit with ``mount What Where -t Type -o Options``."""
     m = unit(MOUNT_UNIT)["Mount"]
-    store, mnt, log = tmp_path / "store", tmp_path / "spool", tmp_path / "spoolfs.log"
+    store, mnt, log = new_store(tmp_path / "store"), tmp_path / "spool", tmp_path / "spoolfs.log"
     mnt.mkdir()
     pid = ns.mount(store, mnt, "-t", m["Type"], "-o", f"{m['Options']},log_file={log}",
                    log=log, mountpoint=mnt)
@@ -286,7 +293,7 @@ class NotifySocket:
 
 def test_foreground_daemon_notifies_ready_once_live_and_stopping_at_unmount(
         tmp_path: Path) -> None:
-    store, mnt = tmp_path / "store", tmp_path / "mnt"
+    store, mnt = new_store(tmp_path / "store"), tmp_path / "mnt"
     mnt.mkdir()
     listener = NotifySocket(str(tmp_path / "notify"))
     out = tmp_path / "stderr"
@@ -364,7 +371,7 @@ def foreground(store: Path, mnt: Path, *args: str, env: dict[str, str] | None = 
 
 
 def test_foreground_logs_to_stderr_at_the_chosen_level(tmp_path: Path) -> None:
-    code, text = foreground(tmp_path / "store", tmp_path / "mnt", "--log-level", "debug",
+    code, text = foreground(new_store(tmp_path / "store"), tmp_path / "mnt", "--log-level", "debug",
                             stderr=tmp_path / "debug.err")
     assert code == 0, text
     lines = text.splitlines()
@@ -375,7 +382,7 @@ def test_foreground_logs_to_stderr_at_the_chosen_level(tmp_path: Path) -> None:
 
     # as an fstab line would give it, with options for mount(8) and systemd that FUSE
     # would refuse: they are dropped
-    code, text = foreground(tmp_path / "store2", tmp_path / "mnt2", "-o",
+    code, text = foreground(new_store(tmp_path / "store2"), tmp_path / "mnt2", "-o",
                             "log_level=warning,defaults,noauto,nofail,_netdev,relatime,"
                             "x-systemd.requires=x.service,comment=spool", stderr=tmp_path / "w.err")
     assert code == 0, text
@@ -387,7 +394,7 @@ def test_foreground_under_journald_logs_priorities_without_time_stamps(tmp_path:
     err = tmp_path / "journal"
     err.touch()
     st = err.stat()
-    code, text = foreground(tmp_path / "store", tmp_path / "mnt",
+    code, text = foreground(new_store(tmp_path / "store"), tmp_path / "mnt",
                             env={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}, stderr=err)
     assert code == 0, text
     lines = text.splitlines()
@@ -398,12 +405,13 @@ def test_foreground_under_journald_logs_priorities_without_time_stamps(tmp_path:
 
 
 def test_bad_spoolfs_mount_options_are_one_line_errors(tmp_path: Path) -> None:
+    store = new_store(tmp_path / "store")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     for args, says in ((["-o", "log_level=loud"], "log_level=loud"),
                        (["-o", "rw,queue"], "queue needs a value"),
                        (["--queue", "a", "-o", "queue=b"], "disagree")):
-        res = run([sys.executable, "-m", "spoolfs", tmp_path / "store", mnt, *args])
+        res = run([sys.executable, "-m", "spoolfs", store, mnt, *args])
         line = one_line_error(subprocess.CompletedProcess(res.args, res.returncode,
                                                           res.stdout.encode(),
                                                           res.stderr.encode()))

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DESIGN = ROOT / "docs" / "design.md"
 ERRNO = ROOT / "docs" / "errno.md"
+CLI = ROOT / "docs" / "cli.md"
 CI = ROOT / ".ci" / "run"
 EXAMPLES = ROOT / "mount-examples"
 REFUSED = "EPERM"
@@ -136,6 +137,13 @@ def test_design_doc_shows_every_transition_and_its_effects() -> None:
         "core.transitions; paste the output of `python tests/unit/test_docs.py`"
     assert state_diagram() in text, "docs/design.md's state diagram differs from " \
         "core.transitions; paste the output of `python tests/unit/test_docs.py`"
+
+
+def test_cli_doc_is_made_from_the_parsers() -> None:
+    from spoolfs.cli import reference
+
+    assert CLI.read_text() == reference.render(), \
+        "docs/cli.md differs from the parsers: python -m spoolfs.cli.reference > docs/cli.md"
 
 
 def readme_paragraph(start: str) -> str:

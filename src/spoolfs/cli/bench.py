@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spoolfs.cli import benchloads
+from spoolfs.cli.args import Parser, positive_int
+from spoolfs.cli.exits import Exit
 from spoolfs.core.errors import UserError
 from spoolfs.runtime import pidfile
 
@@ -56,7 +58,7 @@ DURABILITY = {
     "plain": "os.open+os.write, fsync(file) before close; rename partial/f -> ready/f, then "
              "fsync(ready/); claim and finish are plain renames without fsync. Large file: "
              "write + fsync(file) + rename + fsync(ready/). Shell: cp/mv, no fsync at all",
-    "spoolfs": "whatever the daemon guarantees (publish durable before rename returns, DESIGN §3); "
+    "spoolfs": "whatever the daemon guarantees (publish durable before rename returns); "
                "the bench itself never calls fsync on the mount",
 }
 
@@ -495,7 +497,15 @@ def median_steps(rounds: list[Round]) -> dict[str, float]:
 
 
 def mount(store: str, mnt: str, log: str, extra: tuple[str, ...] = ()) -> int:
-    """Mount like an operator does; returns the daemon's pid (0 if unknown)."""
+    """Mount like an operator does (a new store directory is made first, as with
+    ``spoolfs format``); returns the daemon's pid (0 if unknown)."""
+    from spoolfs.store.registry import store_layout
+    from spoolfs.store.site import is_url
+
+    if not is_url(store) and not store_layout(store).is_store():
+        from spoolfs.cli.format import make_store
+
+        make_store(store)
     # stderr to a file, not a pipe: the forked daemon must not hold our pipe open.
     with tempfile.TemporaryFile() as err:
         res = subprocess.run([sys.executable, "-m", "spoolfs", store, mnt, "--log-file", log,
@@ -623,27 +633,36 @@ def render(report: dict[str, Any]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spoolfs bench", description="Compare spoolfs with plain "
-                                "directories on the same disk (DESIGN §10).")
+    p = Parser(prog="spoolfs bench", description="Compare spoolfs with plain directories on "
+               "the same disk: the same workloads through a temporary mount and through plain "
+               "directories, reported as ratios.")
     p.add_argument("--dir", help="where the temporary store, mount and plain dirs go "
                    "(default: a new directory under /var/tmp)")
-    p.add_argument("--files", type=int, default=2000, help="files in the small-file cycle and "
+    p.add_argument("--files", type=positive_int, default=2000,
+                   help="files in the small-file cycle and "
                    "the claims race (default 2000)")
-    p.add_argument("--consumers", type=int, default=4, help="concurrent consumers (default 4)")
+    p.add_argument("--consumers", type=positive_int, default=4,
+                   help="concurrent consumers (default 4)")
     p.add_argument("--shell", action="store_true", help="also run the shell cp/mv cycle")
-    p.add_argument("--shell-files", type=int, default=200, help="files in the shell cycle "
+    p.add_argument("--shell-files", type=positive_int, default=200,
+                   help="files in the shell cycle "
                    "(default 200)")
-    p.add_argument("--large-mb", type=int, default=256, help="size of the large file in MiB "
+    p.add_argument("--large-mb", type=positive_int, default=256,
+                   help="size of the large file in MiB "
                    "(default 256)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per side (default 3)")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="rounds per side (default 3)")
     p.add_argument("--only", action="append", choices=WORKLOADS,
                    help="run only this workload (repeatable)")
     p.add_argument("--all", action="store_true", help="run every workload")
-    p.add_argument("--seed-files", type=int, default=5000, help="files in the seed-004 pattern "
+    p.add_argument("--seed-files", type=positive_int, default=5000,
+                   help="files in the seed-004 pattern "
                    "(default 5000)")
-    p.add_argument("--seed-consumers", type=int, default=10, help="consumers in the seed-004 "
+    p.add_argument("--seed-consumers", type=positive_int, default=10,
+                   help="consumers in the seed-004 "
                    "pattern, split over two mounts (default 10)")
-    p.add_argument("--depth", type=int, default=100_000, help="messages waiting in ready/ (and "
+    p.add_argument("--depth", type=positive_int, default=100_000,
+                   help="messages waiting in ready/ (and "
                    "in another queue) for the deep small-file cycle (default 100000)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--store", metavar="postgresql://...",
@@ -656,24 +675,21 @@ def parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    for opt in ("files", "consumers", "shell_files", "large_mb", "rounds", "seed_files",
-                "seed_consumers", "depth"):
-        if getattr(args, opt) < 1:
-            raise UserError(f"bench: --{opt.replace('_', '-')} must be at least 1", 2)
     if args.all:
         args.only = list(WORKLOADS)
     elif not args.only:
         args.only = ["small", "claims", "large", "producers"] + (["shell"] if args.shell else [])
     if args.blobs and not args.store:
-        raise UserError("bench: --blobs goes with --store", 2)
+        raise UserError("bench: --blobs goes with --store", Exit.USAGE)
     if args.store:
         from spoolfs.store.site import is_url
 
         if not is_url(args.store):
-            raise UserError("bench: --store takes a multi-host store's URL (postgresql://...)", 2)
+            raise UserError("bench: --store takes a multi-host store's URL (postgresql://...)",
+                            Exit.USAGE)
     parent = os.path.abspath(args.dir or "/var/tmp")
     if not os.path.isdir(parent):
-        raise UserError(f"bench: {parent} is not a directory", 2)
+        raise UserError(f"bench: {parent} is not a directory", Exit.USAGE)
     base = tempfile.mkdtemp(prefix="spoolfs-bench-", dir=parent)
     try:
         return bench(args, base)

@@ -1,5 +1,6 @@
 """``spoolfs fsck STORE [--repair] [--grace SECONDS]``: check refcounts, hashes, orphans and
-schema; with ``--repair``, fix what can be fixed. Safe while the store is mounted.
+schema; with ``--repair``, fix what can be fixed. Safe while the store is mounted; without
+``--repair`` it opens the store read-only.
 
 Prints a progress line per 10,000 objects checked (entries, blobs, blob files, staging files),
 one line per problem, a summary, then ``fsck: clean`` (exit 0) or ``fsck: N problem(s)`` (exit 1).
@@ -11,44 +12,39 @@ from __future__ import annotations
 
 import argparse
 
+from spoolfs.cli.args import Parser, seconds
 from spoolfs.core.errors import StoreFailure, StoreFull, UserError
+from spoolfs.service import gc
 from spoolfs.store.site import require_store
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError("the grace period cannot be negative")
-    return v
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="spoolfs fsck",
+               description="Check a store: reference counts, content hashes, orphans and "
+                           "schema. Safe while the store is mounted; read-only without "
+                           "--repair. Exit status 0 when clean (or repaired), 1 otherwise.")
+    p.add_argument("store", metavar="STORE", help="a store directory or postgresql:// URL")
+    p.add_argument("--repair", action="store_true",
+                   help="fix reference counts, orphans and lost content (messages whose "
+                        "content is gone go to error/ with the reason)")
+    p.add_argument("--grace", type=seconds, metavar="SECONDS", default=None,
+                   help="orphan files younger than this are left alone (default with --repair: "
+                        f"{gc.GRACE_NS // gc.NS})")
+    return p
 
 
 def run(argv: list[str]) -> int:
-    from spoolfs.service import gc
     from spoolfs.service.fsck import Fsck
 
-    p = argparse.ArgumentParser(
-        prog="spoolfs fsck",
-        description="Check refcounts, hashes, orphans and schema; with --repair, fix what can "
-                    "be fixed (messages whose content is gone go to error/ with the reason). "
-                    "Safe while the store is mounted.")
-    p.add_argument("store")
-    p.add_argument("--repair", action="store_true",
-                   help="fix refcounts, orphans and lost content (messages whose content is "
-                        "gone go to error/ with the reason)")
-    p.add_argument("--grace", type=_seconds, metavar="SECONDS", default=None,
-                   help="orphan files younger than this are left alone (default with --repair: "
-                        f"{gc.GRACE_NS // gc.NS})")
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     require_store(args.store)
     grace_ns = None if args.grace is None else int(args.grace * gc.NS)
     if args.repair and grace_ns is None:
         grace_ns = gc.GRACE_NS
 
     try:
-        fsck = Fsck(args.store, progress=lambda s: print(s, flush=True), grace_ns=grace_ns)
+        fsck = Fsck(args.store, progress=lambda s: print(s, flush=True), grace_ns=grace_ns,
+                    read_only=not args.repair)
         try:
             problems = fsck.check()
             for line in problems:

@@ -10,25 +10,27 @@ from __future__ import annotations
 
 import argparse
 
+from spoolfs.cli.args import Parser, seconds
 from spoolfs.core.errors import StoreFailure, StoreFull, UserError
+from spoolfs.service import gc
 from spoolfs.store.site import require_store
 
 
-def run(argv: list[str]) -> int:
-    from spoolfs.cli.fsck import _seconds
-    from spoolfs.service import gc
-
-    p = argparse.ArgumentParser(
-        prog="spoolfs gc",
-        description="Remove what crashes leave behind: blob rows no message references, blob "
-                    "files no row names, staging files without an upload. Each is found first, "
-                    "then checked again under the store's write lock: safe while the store is "
-                    "mounted.")
-    p.add_argument("store")
-    p.add_argument("--grace", type=_seconds, metavar="SECONDS", default=gc.GRACE_NS / gc.NS,
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="spoolfs gc",
+               description="Remove what crashes leave behind: content no message refers to, "
+                           "files no record names, uploads that were never finished. Each is "
+                           "found first, then checked again under the store's write lock: safe "
+                           "while the store is mounted.")
+    p.add_argument("store", metavar="STORE", help="a store directory or postgresql:// URL")
+    p.add_argument("--grace", type=seconds, metavar="SECONDS", default=gc.GRACE_NS / gc.NS,
                    help=f"leave orphan files younger than this (default {gc.GRACE_NS // gc.NS})")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per removal")
-    args = p.parse_args(argv)
+    return p
+
+
+def run(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     require_store(args.store)
     try:
         report = gc.collect(args.store, grace_ns=int(args.grace * gc.NS))

@@ -8,13 +8,18 @@ import errno
 import os
 import sys
 
+from spoolfs.cli.args import Parser
 from spoolfs.core.errors import UserError
 
 
-def run(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="spoolfs history", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="spoolfs history", description=__doc__)
     p.add_argument("files", metavar="FILE", nargs="+", help="a message on a spoolfs mount")
-    args = p.parse_args(argv)
+    return p
+
+
+def run(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     for i, path in enumerate(args.files):
         try:
             text = os.getxattr(path, "user.spool.history").decode(errors="replace")

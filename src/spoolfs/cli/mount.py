@@ -19,12 +19,14 @@ import re
 import sys
 import traceback
 
+from spoolfs.cli.args import Parser
+from spoolfs.cli.exits import Exit
 from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.core.names import check_ident
 from spoolfs.notify import notify
 from spoolfs.runtime import default_store
 from spoolfs.store.registry import split as split_url
-from spoolfs.store.site import shown
+from spoolfs.store.site import require_store, shown
 
 log = logging.getLogger("spoolfs")
 
@@ -49,13 +51,14 @@ IGNORED_PREFIXES = ("x-", "comment=")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spoolfs", usage="spoolfs [STORE] MOUNTPOINT [options]",
-                                description="Mount a spool: a durable work queue "
-                                "driven by mv, cp, ln and rm. Subcommands: umount, fsck, bench.")
+    p = Parser(prog="spoolfs", usage="spoolfs [STORE] MOUNTPOINT [options]",
+               description="Mount a spool: a durable work queue driven by mv, cp, ln and rm. "
+               "Returns once the mount is ready. Other commands: spoolfs --help.")
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="[STORE] MOUNTPOINT; STORE is a directory (default /var/lib/spoolfs "
-                   "for root) or postgresql://USER@HOST:PORT/DB (password from ~/.pgpass or "
-                   "PGPASSWORD)")
+                   help="[STORE] MOUNTPOINT. STORE is a store directory made by spoolfs format "
+                   "(without STORE: the default store, made on first use: /var/lib/spoolfs for "
+                   "root, ~/.local/share/spoolfs for others) or postgresql://USER@HOST:PORT/DB "
+                   "(password from ~/.pgpass or PGPASSWORD)")
     p.add_argument("--blobs", metavar="s3://BUCKET/PREFIX|DIR",
                    help="where a postgresql:// store keeps content, given at its first mount "
                    "(later mounts read it from the store); S3 endpoint and keys from the "
@@ -83,7 +86,7 @@ def split_options(raw: list[str]) -> tuple[dict[str, str], list[str], list[str]]
         key, eq, value = opt.partition("=")
         if key in OWN_OPTIONS:
             if not eq or not value:
-                raise UserError(f"mount option {key} needs a value: {key}=...", 2)
+                raise UserError(f"mount option {key} needs a value: {key}=...", Exit.USAGE)
             own[key] = value  # the last one wins, as with mount(8)
         elif opt in IGNORED_OPTIONS or opt.startswith(IGNORED_PREFIXES):
             ignored.append(opt)
@@ -95,29 +98,35 @@ def split_options(raw: list[str]) -> tuple[dict[str, str], list[str], list[str]]
 def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if len(args.paths) > 2:
-        raise UserError("expected [STORE] MOUNTPOINT", 2)
+        raise UserError("expected [STORE] MOUNTPOINT", Exit.USAGE)
     own, options, ignored = split_options(args.options)
     for key, value in own.items():
         given = getattr(args, key)
         if given is not None and given != value:
-            raise UserError(f"--{key.replace('_', '-')} {given} and -o {key}={value} disagree", 2)
+            raise UserError(f"--{key.replace('_', '-')} {given} and -o {key}={value} disagree",
+                            Exit.USAGE)
         setattr(args, key, value)
     if args.queue is not None:
         try:
             check_ident(args.queue.encode(), "queue")
         except SpoolError as e:
-            raise UserError(f"--queue {args.queue!r}: {e.hint}", 2) from None
+            raise UserError(f"--queue {args.queue!r}: {e.hint}", Exit.USAGE) from None
     args.log_level = args.log_level or "info"
     if args.log_level not in LEVELS:
-        raise UserError(f"log_level={args.log_level}: expected one of {', '.join(LEVELS)}", 2)
+        raise UserError(f"log_level={args.log_level}: expected one of {', '.join(LEVELS)}",
+                        Exit.USAGE)
     if args.log_file:
         args.log_file = os.path.abspath(args.log_file)
     store = args.paths[0] if len(args.paths) == 2 else default_store()
     if not split_url(store)[0]:  # a URL names its engine: never a path under the cwd
         store = os.path.abspath(store)
+        # A store named on purpose must exist (a typo makes no new, empty spool); the default
+        # store is made on first use, named or not (the fstab and unit examples name it).
+        if len(args.paths) == 2 and store != os.path.abspath(default_store()):
+            require_store(store)
     if re.fullmatch(r"/dev/fd/\d+", args.paths[-1]):
         raise UserError("mount option drop_privileges (a mount point passed as /dev/fd/N) "
-                        "is not supported", 2)
+                        "is not supported", Exit.USAGE)
     from spoolfs import daemon
 
     mountpoint = daemon.check_mountpoint(args.paths[-1])
@@ -177,7 +186,7 @@ def _daemonize(args: argparse.Namespace, store: str, mountpoint: str, options: l
             os.write(w, b"ok")
             os.close(w)
             devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
+            for fd in (0, 1, Exit.USAGE):
                 os.dup2(devnull, fd)
             os.close(devnull)
 

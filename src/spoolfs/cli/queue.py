@@ -1,4 +1,4 @@
-"""``spoolfs queue set|show``: a queue's lifecycle policy (DESIGN §4).
+"""``spoolfs queue set|show``: a queue's settings (lease, retries, limits, fan-out).
 
 QUEUE is the queue's directory in a mount (``/mnt/spool/orders``, or the root of a ``--queue``
 mount): the values go through the ``user.spool.policy`` attribute, so the daemon checks and
@@ -13,6 +13,7 @@ import errno
 import os
 from typing import TYPE_CHECKING
 
+from spoolfs.cli.args import Parser
 from spoolfs.core import policy as P
 from spoolfs.core.errors import Invalid, UserError
 
@@ -23,17 +24,20 @@ XATTR = "user.spool.policy"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spoolfs queue", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="spoolfs queue", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     keys = "; ".join(f"{k}: {h}" for k, h in P.HELP.items())
     s = sub.add_parser("set", help="set policy values", epilog=f"keys — {keys}")
     s.add_argument("--store", help="the store directory; QUEUE is then the queue's name")
-    s.add_argument("queue", metavar="QUEUE")
-    s.add_argument("values", metavar="key=value", nargs="+")
+    s.add_argument("queue", metavar="QUEUE", help="the queue's directory on a mount (or its "
+                   "name, with --store)")
+    s.add_argument("values", metavar="key=value", nargs="+", help="the settings to change (keys "
+                   "below)")
     sh = sub.add_parser("show", help="print the policy in effect")
     sh.add_argument("--store", help="the store directory; QUEUE is then the queue's name")
-    sh.add_argument("queue", metavar="QUEUE")
+    sh.add_argument("queue", metavar="QUEUE", help="the queue's directory on a mount (or its "
+                    "name, with --store)")
     return p
 
 

@@ -1,13 +1,15 @@
-"""``spoolfs status [MOUNT|STORE] [--json] [--check] [--watch SECONDS]`` (DESIGN §7).
+"""``spoolfs status [MOUNT|STORE] [--json | --check | --watch SECONDS]``.
 
 Per queue and state: count, bytes, age of the oldest (``ready/``: the oldest claimable); per
 consumer view: messages in flight, the oldest claim and the next lease end; abandoned
 messages and those waiting for a retry; free disk and inodes. From a mount it reads
-``MOUNT/.spool/status``; from a store directory it reads the store itself.
+``MOUNT/.spool/status``; from a store it reads the store itself, read-only (a running daemon
+is not disturbed).
 
-``--check`` exits 2 and prints one line per crossed threshold (queue policies
-``max_age.partial``, ``max_age.ready``, ``max_age.working``, ``max_error``,
-``max_working_per_consumer``, ``min_free``), 0 otherwise: for cron and Nagios.
+``--check`` is for cron and Nagios: a one-line summary, then one line per crossed threshold
+(the queue settings max_age.partial, max_age.ready, max_age.working, max_error,
+max_working_per_consumer and min_free), nothing else. Exit status: 0 OK, 1 WARNING (a queue
+is behind), 2 CRITICAL (the store's disk is below min_free), 3 UNKNOWN (no status to read).
 """
 
 from __future__ import annotations
@@ -19,21 +21,23 @@ import sys
 import time
 from typing import Any, cast
 
-from spoolfs.core.errors import UserError
+from spoolfs.cli.args import Parser, positive_seconds
+from spoolfs.cli.exits import Check
+from spoolfs.core.errors import SpoolError, UserError
 from spoolfs.runtime import default_store
-
-CHECK_FAILED = 2
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spoolfs status", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="spoolfs status", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", nargs="?", metavar="MOUNT|STORE",
-                   help="a spoolfs mount or a store directory (default: the default store)")
-    p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-    p.add_argument("--check", action="store_true", help="exit 2 when a threshold is crossed")
-    p.add_argument("--watch", type=float, metavar="SECONDS",
-                   help="refresh in place every SECONDS until interrupted")
+                   help="a spoolfs mount or a store (default: the default store)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    how.add_argument("--check", action="store_true",
+                     help="print only what is wrong; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN")
+    how.add_argument("--watch", type=positive_seconds, metavar="SECONDS",
+                     help="refresh in place every SECONDS until interrupted")
     return p
 
 
@@ -97,23 +101,40 @@ def render(snap: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check(path: str) -> int:
+    """Nagios's way: the summary line first, then each crossed threshold; its exit status."""
+    from spoolfs.service.status import problems
+
+    try:
+        snap = load(path)
+    except (UserError, SpoolError, OSError) as e:
+        why = e.message if isinstance(e, UserError) else (
+            e.hint if isinstance(e, SpoolError) else f"{path}: {e.strerror or e}")
+        print(f"SPOOLFS UNKNOWN - {why}")
+        return Check.UNKNOWN
+    found = problems(snap)
+    if not found:
+        print(f"SPOOLFS OK - {len(snap['queues'])} queue(s), no threshold crossed")
+        return Check.OK
+    level = Check.CRITICAL if any(p.critical for p in found) else Check.WARNING
+    print(f"SPOOLFS {level.name} - {len(found)} threshold(s) crossed: {found[0].text}")
+    for p in found:
+        print(f"{'CRITICAL' if p.critical else 'WARNING'}: {p.text}")
+    return level
+
+
 def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     path = args.path or default_store()
-    from spoolfs.service.status import problems
-
+    if args.check:
+        return check(path)
     while True:
         snap = load(path)
         out = json.dumps(snap, indent=1) + "\n" if args.json else render(snap)
-        found = problems(snap) if args.check else []
         if args.watch:
             sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: refresh in place
         sys.stdout.write(out)
-        for line in found:
-            print(f"CHECK: {line}")
-        if args.check and not found:
-            print("CHECK: ok")
         sys.stdout.flush()
         if not args.watch:
-            return CHECK_FAILED if found else 0
+            return 0
         time.sleep(args.watch)

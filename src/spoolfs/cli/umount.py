@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 
+from spoolfs.cli.args import Parser, positive_seconds
 from spoolfs.core.errors import UserError
 from spoolfs.runtime import pidfile
 
@@ -25,11 +26,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="spoolfs umount",
+               description="Unmount a spool and wait until its daemon has finished and exited.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="where the spool is mounted")
+    p.add_argument("--timeout", type=positive_seconds, default=60.0, metavar="SECONDS",
+                   help="how long to wait for the daemon to exit (default 60)")
+    return p
+
+
 def run(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="spoolfs umount")
-    p.add_argument("mountpoint")
-    p.add_argument("--timeout", type=float, default=60.0)
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     mp = os.path.abspath(args.mountpoint)
     pid = None
     try:

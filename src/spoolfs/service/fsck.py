@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 
 from spoolfs.blobs.files import file_info
+from spoolfs.core.errors import StoreFailure
 from spoolfs.core.names import NAME_MAX
 from spoolfs.core.rules import Action, State, kind_of
 from spoolfs.core.transitions import Context, fields_of, transition
@@ -67,9 +68,9 @@ class Fsck:
 
     def __init__(self, where: str | Place, progress: Callable[[str], None] = lambda s: None,
                  grace_ns: int | None = None, now_ns: int | None = None,
-                 hash_files: bool = True) -> None:
+                 hash_files: bool = True, read_only: bool = False) -> None:
         self.place = as_place(where)
-        self.maint = self.place.maintenance()
+        self.maint = self.place.maintenance(read_only)
         self.tx = self.maint.tx
         self.blobs = self.place.blobs
         self.staging = self.place.staging
@@ -148,6 +149,9 @@ class Fsck:
             for row in tx.dangling():
                 self._bad(f"dangling reference: {row}")
             v = tx.schema_version()
+        if v is not None and v.isdigit() and int(v) > self.maint.version:
+            raise StoreFailure(f"the store has schema version {v}; this spoolfs knows up to "
+                               f"{self.maint.version}: upgrade spoolfs")
         if v is None or int(v) != self.maint.version:
             self._bad(f"schema version {v} != {self.maint.version}")
 

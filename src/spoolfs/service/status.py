@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
@@ -100,9 +100,17 @@ def access(r: ReadTx) -> dict[str, tuple[int, int, int, int]]:
             for q in r.children(1) if q.kind == "queue"}
 
 
-def problems(snap: dict[str, Any]) -> list[str]:
+class Problem(NamedTuple):
+    """A crossed threshold: ``critical`` when writes will soon be refused (the disk), a
+    warning when a queue is behind (ages, errors, a consumer's load)."""
+
+    critical: bool
+    text: str
+
+
+def problems(snap: dict[str, Any]) -> list[Problem]:
     """The thresholds crossed (queue policies ``max_age.*``, ``max_error``,
-    ``max_working_per_consumer``, ``min_free``), one line each."""
+    ``max_working_per_consumer``, ``min_free``), one each."""
     out = []
     free = snap["disk"]["free_bytes"]
     for name, q in snap["queues"].items():
@@ -114,21 +122,24 @@ def problems(snap: dict[str, Any]) -> list[str]:
                 limit_s = DEFAULT.with_values({f"max_age.{state}": limit}).get(
                     f"max_age.{state}") / NS
                 if age > limit_s:
-                    out.append(f"{name}: oldest in {state}/ is {age:.0f}s old "
-                               f"(max_age.{state}={limit})")
+                    out.append(Problem(False, f"{name}: oldest in {state}/ is {age:.0f}s old "
+                                              f"(max_age.{state}={limit})"))
         if t.get("max_error", "none") != "none":
             n = q["states"]["error"]["count"]
             if n > int(t["max_error"]):
-                out.append(f"{name}: {n} message(s) in error/ (max_error={t['max_error']})")
+                out.append(Problem(False, f"{name}: {n} message(s) in error/ "
+                                          f"(max_error={t['max_error']})"))
         if t.get("max_working_per_consumer", "none") != "none":
             for c, info in q["consumers"].items():
                 if info["in_flight"] > int(t["max_working_per_consumer"]):
-                    out.append(f"{name}: consumer {c or '(working/ itself)'} holds "
-                               f"{info['in_flight']} (max_working_per_consumer="
-                               f"{t['max_working_per_consumer']})")
+                    out.append(Problem(False, f"{name}: consumer {c or '(working/ itself)'} "
+                                              f"holds {info['in_flight']} "
+                                              f"(max_working_per_consumer="
+                                              f"{t['max_working_per_consumer']})"))
         if free < q["min_free_bytes"]:
-            out.append(f"{name}: {free >> 20} MiB free on the store's disk, below min_free "
-                       f"({q['min_free_bytes'] >> 20} MiB): uploads are refused")
+            out.append(Problem(True, f"{name}: {free >> 20} MiB free on the store's disk, below "
+                                     f"min_free ({q['min_free_bytes'] >> 20} MiB): uploads are "
+                                     "refused"))
     return out
 
 

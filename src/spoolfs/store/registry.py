@@ -7,12 +7,13 @@ local directory of that name."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from spoolfs.blobs.layout import StoreLayout
 from spoolfs.core.errors import StoreFailure
-from spoolfs.store.base import Maintenance, Store
+from spoolfs.store.base import Maintenance, ReadTx, Store
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
@@ -24,8 +25,10 @@ class UnknownEngine(StoreFailure):
 @dataclass(frozen=True, slots=True)
 class Engine:
     open: Callable[[str], Store]
-    #: gc and fsck's access; None for an engine that keeps nothing on disk
-    maintenance: Callable[[str], Maintenance] | None = None
+    #: gc and fsck's access (read-only when asked); None for an engine that keeps nothing
+    maintenance: Callable[[str, bool], Maintenance] | None = None
+    #: a read-only view of an existing store; None: the engine's ``open`` is safe to share
+    reading: Callable[[str], AbstractContextManager[ReadTx]] | None = None
 
 
 ENGINES: dict[str, Engine] = {}
@@ -59,12 +62,29 @@ def open_store(url: str) -> Store:
     return engine.open(rest)
 
 
-def open_maintenance(url: str) -> Maintenance:
-    """gc and fsck's own connection to an existing store (never creates one)."""
+def open_maintenance(url: str, read_only: bool = False) -> Maintenance:
+    """gc and fsck's own connection to an existing store (never creates one); ``read_only``:
+    one that cannot write (a check without repair)."""
     engine, rest = _engine(url)
     if engine.maintenance is None:
         raise UnknownEngine(f"{url}: this engine keeps nothing to check or collect")
-    return engine.maintenance(rest)
+    return engine.maintenance(rest, read_only)
+
+
+@contextmanager
+def reading(url: str) -> Iterator[ReadTx]:
+    """Read an existing store without writing to it (``spoolfs status``): beside a running
+    daemon, on a store this user may only read, never making or upgrading one."""
+    engine, rest = _engine(url)
+    if engine.reading is not None:
+        with engine.reading(rest) as r:
+            yield r
+        return
+    store = engine.open(rest)
+    try:
+        yield store.reader()
+    finally:
+        store.close()
 
 
 def store_layout(store_dir: str) -> StoreLayout:
@@ -77,14 +97,24 @@ def _open_sqlite(store_dir: str) -> Store:
     return open_dir(store_dir)
 
 
-def _maintain_sqlite(store_dir: str) -> Maintenance:
+def _maintain_sqlite(store_dir: str, read_only: bool) -> Maintenance:
     from spoolfs.store.reserve import Reserve
     from spoolfs.store.sqlite_maint import SqliteMaintenance
 
     layout = StoreLayout(store_dir)
     if not layout.is_store():
         raise FileNotFoundError(f"{store_dir} is not a spoolfs store (no meta.db)")
-    return SqliteMaintenance(layout.meta_db, Reserve(store_dir))
+    return SqliteMaintenance(layout.meta_db, None if read_only else Reserve(store_dir),
+                             read_only=read_only)
+
+
+def _read_sqlite(store_dir: str) -> AbstractContextManager[ReadTx]:
+    from spoolfs.store.sqlite import reading as read_dir
+
+    layout = StoreLayout(store_dir)
+    if not layout.is_store():
+        raise FileNotFoundError(f"{store_dir} is not a spoolfs store (no meta.db)")
+    return read_dir(layout.meta_db)
 
 
 def _open_memory(rest: str) -> Store:
@@ -93,7 +123,7 @@ def _open_memory(rest: str) -> Store:
     return MemoryStore()
 
 
-register("", Engine(_open_sqlite, _maintain_sqlite))
+register("", Engine(_open_sqlite, _maintain_sqlite, _read_sqlite))
 register("memory", Engine(_open_memory))
 
 
@@ -103,10 +133,10 @@ def _open_postgres(rest: str) -> Store:
     return open_pg("postgresql:" + rest)
 
 
-def _maintain_postgres(rest: str) -> Maintenance:
+def _maintain_postgres(rest: str, read_only: bool) -> Maintenance:
     from spoolfs.store.pg_maint import open_maintenance as maintain_pg
 
-    return maintain_pg("postgresql:" + rest)
+    return maintain_pg("postgresql:" + rest)  # each check runs in its own snapshot
 
 
 # libpq names both schemes; the URL goes to libpq whole (password from ~/.pgpass, PGPASSWORD)

@@ -81,9 +81,9 @@ class Place:
     def lost_found(self) -> str:
         return os.path.join(self.local, "lost+found")
 
-    def maintenance(self) -> Maintenance:
+    def maintenance(self, read_only: bool = False) -> Maintenance:
         """gc and fsck's own access to the store's metadata (never creating a store)."""
-        return open_maintenance(self.url)
+        return open_maintenance(self.url, read_only)
 
 
 def embedded(store_dir: str) -> Place:
@@ -160,4 +160,6 @@ def require_store(store: str) -> None:
     """Refuse, in one line, a store path that holds no store (a URL is tried when opened:
     its engine says in one line why it cannot be reached)."""
     if not is_url(store) and not StoreLayout(store).is_store():
-        raise UserError(f"{store} is not a spoolfs store (no meta.db)")
+        gone = "" if os.path.exists(store) else " (there is nothing there)"
+        raise UserError(f"{store} is not a spoolfs store{gone}; spoolfs format {store} makes "
+                        "a new one")

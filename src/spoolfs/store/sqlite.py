@@ -488,6 +488,39 @@ class SqliteStore(Store):
         self._wconn.close()
 
 
+def check_version(conn: sqlite3.Connection) -> None:
+    """Refuse, in one line, a store this spoolfs cannot read as it is (without changing it)."""
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    version = int(row[0]) if row else schema.VERSION
+    if version > schema.VERSION:
+        raise StoreFailure(f"the store has schema version {version}; this spoolfs knows up to "
+                           f"{schema.VERSION}: upgrade spoolfs")
+    if version < schema.VERSION:
+        raise StoreFailure(f"the store has schema version {version}, older than this spoolfs's "
+                           f"{schema.VERSION}: mount it once (that upgrades it), then try again")
+
+
+@contextmanager
+def reading(path: str) -> Iterator[SqliteRead]:
+    """The database ``path`` opened read-only: nothing created, migrated or written, so it
+    works beside a running daemon and for a user who may only read the store."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as e:
+        raise StoreFailure(f"{path}: {e}") from e
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA query_only=ON")
+        check_version(conn)
+        conn.execute("BEGIN")  # one snapshot for everything read
+        yield SqliteRead(conn)
+    except sqlite3.Error as e:
+        raise StoreFailure(f"{path}: {e}") from e
+    finally:
+        conn.close()
+
+
 def open_store(store_dir: str) -> SqliteStore:
     """Open (or create) the store in ``store_dir``. On a full disk, the reserve makes room for
     the database's log and index; without one, ``StoreFull`` says the disk is full."""

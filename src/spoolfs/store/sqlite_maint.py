@@ -190,12 +190,13 @@ class SqliteMaintenance(Maintenance):
     version = schema.VERSION
 
 
-    def __init__(self, db: str, reserve: Reserve | None) -> None:
+    def __init__(self, db: str, reserve: Reserve | None, read_only: bool = False) -> None:
         if reserve is not None:
             reserve.release_if_low()  # on a full disk, room to open the log and its index
         self.reserve = reserve
         try:
-            self.conn = sqlite3.connect(f"file:{db}?mode=rw", uri=True, isolation_level=None,
+            mode = "ro" if read_only else "rw"
+            self.conn = sqlite3.connect(f"file:{db}?mode={mode}", uri=True, isolation_level=None,
                                         check_same_thread=False,
                                         timeout=BUSY_TIMEOUT_MS / 1000)
         except sqlite3.Error as e:
@@ -205,6 +206,8 @@ class SqliteMaintenance(Maintenance):
             self.conn.execute("PRAGMA synchronous=FULL")
             self.conn.execute("PRAGMA foreign_keys=ON")
             self.conn.execute("PRAGMA schema_version").fetchone()  # opens the log: errors here
+            if read_only:
+                self.conn.execute("PRAGMA query_only=ON")
         except sqlite3.Error as e:
             self.conn.close()
             raise_if_full(e, reserve)
