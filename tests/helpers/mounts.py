@@ -41,9 +41,12 @@ def connection_of(path: Path) -> str | None:
     return None
 
 
-def abort_connection(conn: str) -> None:
-    """Abort a FUSE connection (fusectl): every request waiting on it fails with ENOTCONN."""
+def abort_connection(conn: str, only_if_present: bool = False) -> None:
+    """Abort a FUSE connection (fusectl): every request waiting on it fails with ENOTCONN.
+    ``only_if_present``: a connection fusectl does not list has ended already."""
     if not os.path.isdir(os.path.join(FUSECTL, conn)):
+        if only_if_present and os.path.isdir(os.path.join(FUSECTL)) and os.listdir(FUSECTL):
+            return
         subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL], capture_output=True)
     try:
         with open(os.path.join(FUSECTL, conn, "abort"), "w") as f:
@@ -205,8 +208,11 @@ class Mount:
             wait_until(lambda: process_exited(pid), timeout=10, what=f"daemon {pid} to die")
         ok("fusermount3", "-u", "-z", str(self.path))
         Mount.live.discard(self)
-        if conn is not None and mounted(self.path):
-            abort_connection(conn)
+        if conn is not None:
+            # A thread of the daemon stuck in the kernel keeps the connection alive after the
+            # process is reaped: processes whose cwd is in the detached mount would hang on it.
+            # Aborting a connection that already ended does nothing.
+            abort_connection(conn, only_if_present=True)
         wait_until(lambda: not mounted(self.path), timeout=10, what=f"{self.path} to unmount")
 
     def close(self) -> None:
