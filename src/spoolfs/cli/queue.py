@@ -18,7 +18,7 @@ from spoolfs.core import policy as P
 from spoolfs.core.errors import Invalid, UserError
 
 if TYPE_CHECKING:
-    from spoolfs.store.base import Store, WriteTx
+    from spoolfs.store.base import ReadTx, Store, WriteTx
 
 XATTR = "user.spool.policy"
 
@@ -116,8 +116,8 @@ def _open(store_dir: str) -> Store:
     return open_store(store_dir)
 
 
-def _queue_id(store: Store, name: str) -> int:
-    e = store.reader().lookup(1, name.encode())
+def _queue_id(r: ReadTx, name: str) -> int:
+    e = r.lookup(1, name.encode())
     if e is None or e.kind != "queue":
         raise UserError(f"no queue {name!r} in the store")
     return int(e.id)
@@ -128,7 +128,7 @@ def _set_in_store(store_dir: str, name: str, values: dict[str, str]) -> str:
 
     store = _open(store_dir)
     try:
-        qid = _queue_id(store, name)
+        qid = _queue_id(store.reader(), name)
 
         def fn(tx: WriteTx) -> None:
             check_fanout(tx, qid, dict(values))
@@ -137,19 +137,21 @@ def _set_in_store(store_dir: str, name: str, values: dict[str, str]) -> str:
         ok, err = store.run_batch([fn], True)[0]
         if not ok:
             raise UserError(f"nothing changed: {err}")
-        return _shown(store, qid)
+        return _shown(store.reader(), qid)
     finally:
         store.close()
 
 
 def _show_in_store(store_dir: str, name: str) -> str:
-    store = _open(store_dir)
-    try:
-        return _shown(store, _queue_id(store, name))
-    finally:
-        store.close()
+    """Read-only: beside a running daemon, on a store this user may only read."""
+    from spoolfs.store.registry import reading
+    from spoolfs.store.site import require_store
+
+    require_store(store_dir)
+    with reading(store_dir) as r:
+        return _shown(r, _queue_id(r, name))
 
 
-def _shown(store: Store, qid: int) -> str:
-    stored = store.reader().policies().get(qid, {})
+def _shown(r: ReadTx, qid: int) -> str:
+    stored = r.policies().get(qid, {})
     return P.format_lines(P.DEFAULT.with_values(stored).shown())
