@@ -139,6 +139,15 @@ def test_design_doc_shows_every_transition_and_its_effects() -> None:
         "core.transitions; paste the output of `python tests/unit/test_docs.py`"
 
 
+def test_design_doc_names_the_schema_version_and_its_migrations() -> None:
+    text = DESIGN.read_text()
+    assert f"`store/schema.py`, version {schema.VERSION}," in text
+    for version in schema.MIGRATIONS:
+        assert f"version {version + 1} " in " ".join(text.split()).lower() or \
+            f"Version {version + 1} " in text, f"docs/design.md does not say what version " \
+            f"{version + 1} added"
+
+
 def test_cli_doc_is_made_from_the_parsers() -> None:
     from spoolfs.cli import reference
 

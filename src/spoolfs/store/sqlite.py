@@ -1,7 +1,11 @@
 """The embedded engine: SQLite in WAL mode, ``synchronous=FULL``, foreign keys on.
 
-Two connections: one for queries on the event loop's thread, one for write batches in a worker
-thread. Several daemons may open the same file; SQLite's locks serialize their writers.
+Three connections: one for queries and one for write batches, both used on the event loop's
+thread (a batch commits with ``synchronous=NORMAL``; ``sync()`` then makes it durable with one
+``fdatasync`` of the write-ahead log, which the committer runs in a worker thread when other
+requests are waiting), and one opened at the first ``scan()`` for long reads (recovery, paged
+listings) in one snapshot. Several daemons may open the same file; SQLite's locks serialize
+their writers.
 
 A store directory keeps a metadata reserve (store/reserve.py): before opening and before every
 commit, a nearly full disk releases it, and a commit or open that finds the disk full all the
