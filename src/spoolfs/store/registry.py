@@ -104,17 +104,17 @@ def _maintain_sqlite(store_dir: str, read_only: bool) -> Maintenance:
     layout = StoreLayout(store_dir)
     if not layout.is_store():
         raise FileNotFoundError(f"{store_dir} is not a spoolfs store (no meta.db)")
-    return SqliteMaintenance(layout.meta_db, None if read_only else Reserve(store_dir),
-                             read_only=read_only)
+    return SqliteMaintenance(layout.meta_db, Reserve(store_dir), read_only=read_only)
 
 
 def _read_sqlite(store_dir: str) -> AbstractContextManager[ReadTx]:
+    from spoolfs.store.reserve import Reserve
     from spoolfs.store.sqlite import reading as read_dir
 
     layout = StoreLayout(store_dir)
     if not layout.is_store():
         raise FileNotFoundError(f"{store_dir} is not a spoolfs store (no meta.db)")
-    return read_dir(layout.meta_db)
+    return read_dir(layout.meta_db, Reserve(store_dir))
 
 
 def _open_memory(rest: str) -> Store:

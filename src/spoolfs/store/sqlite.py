@@ -505,13 +505,17 @@ def check_version(conn: sqlite3.Connection) -> None:
 
 
 @contextmanager
-def reading(path: str) -> Iterator[SqliteRead]:
+def reading(path: str, reserve: Reserve | None = None) -> Iterator[SqliteRead]:
     """The database ``path`` opened read-only: nothing created, migrated or written, so it
-    works beside a running daemon and for a user who may only read the store."""
+    works beside a running daemon and for a user who may only read the store. (SQLite may
+    still need room for the log's index: on a full disk the store's reserve makes it.)"""
+    if reserve is not None:
+        reserve.release_if_low()
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
                                timeout=BUSY_TIMEOUT_MS / 1000)
     except sqlite3.Error as e:
+        raise_if_full(e, reserve)
         raise StoreFailure(f"{path}: {e}") from e
     try:
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
@@ -520,6 +524,7 @@ def reading(path: str) -> Iterator[SqliteRead]:
         conn.execute("BEGIN")  # one snapshot for everything read
         yield SqliteRead(conn)
     except sqlite3.Error as e:
+        raise_if_full(e, reserve)
         raise StoreFailure(f"{path}: {e}") from e
     finally:
         conn.close()
