@@ -46,13 +46,21 @@ def _queue_root(spool: Spool, name: str) -> int:
     return e.id
 
 
+#: ``-o nfs_export``: the mount is exported by an NFS server, whose requests follow NFS's
+#: rules: publish at a client's COMMIT or rename, leases kept by use only (docs/design.md,
+#: "Serving NFS clients")
+NFS_EXPORT = "nfs_export"
+#: ``-o`` options that are the daemon's own, not passed on to FUSE
+OWN_OPTIONS = frozenset({STRICT_ROLES, NFS_EXPORT})
+
+
 def fuse_options(store_dir: str, options: list[str]) -> set[str]:
     """The mount options: the caller's, plus the kernel's permission checks whenever users
     other than the mounting one can enter (``allow_other``/``allow_root``). Without those, FUSE
     lets no one else in, and the checks would only cost a GETATTR on every changed directory
-    of every path walk. ``strict_roles`` is the daemon's own (service/roles.py), not passed on;
-    it turns the kernel's checks on too."""
-    opts = {o for o in options if o and o != STRICT_ROLES} | {f"fsname={store_dir}",
+    of every path walk. ``strict_roles`` (service/roles.py) and ``nfs_export`` are the
+    daemon's own, not passed on; ``strict_roles`` turns the kernel's checks on too."""
+    opts = {o for o in options if o and o not in OWN_OPTIONS} | {f"fsname={store_dir}",
                                                                "subtype=spoolfs"}
     if opts & {"allow_other", "allow_root"} or {"default_permissions", STRICT_ROLES} & set(options):
         opts.add("default_permissions")
@@ -98,7 +106,8 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
             raise UserError(f"cannot recover store {place.name}: {e.hint}") from e
         spool.guard.make_reserve()
         root_id = _queue_root(spool, queue) if queue else 1
-        ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None)
+        ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None,
+                         nfs_export=NFS_EXPORT in options)
         opts = fuse_options(place.name, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.

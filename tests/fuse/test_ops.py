@@ -41,7 +41,7 @@ async def _errno_of(call: Awaitable[object]) -> int:
 async def test_every_refusal_is_its_errno_and_one_log_line(
         fs: Fs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         cls: type[errors.SpoolError]) -> None:
-    def refuse(parent: int, name: bytes) -> None:
+    def refuse(parent: int, name: bytes, who: object = None) -> None:
         raise cls("the reason")
 
     monkeypatch.setattr(fs.spool, "find", refuse)

@@ -79,3 +79,33 @@ def test_holds_finds_a_descriptor_on_an_inode_and_passes_over_pipes(tmp_path: Pa
         os.close(w)
     assert not procinfo.holds(os.getpid(), ino)
     assert not procinfo.holds(2**22 + 12345, ino), "a process that is gone holds nothing"
+
+
+def _named(tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
+    exe = tmp_path / name
+    exe.symlink_to("/bin/sleep")
+    p = subprocess.Popen([str(exe), "600"])
+    wait_until(lambda: Path(f"/proc/{p.pid}/comm").read_text().strip() == name,
+               what=f"sleep to run as {name}")
+    return p
+
+
+def test_the_nfs_server_is_known_by_its_process_name(tmp_path: Path) -> None:
+    """``-o nfs_export`` treats requests of nfs-ganesha as the server's; a user process
+    calling itself ``nfsd`` is not the kernel's (those are kernel threads)."""
+    server, impostor = _named(tmp_path, "ganesha.nfsd"), _named(tmp_path, "nfsd")
+    try:
+        assert procinfo.nfs_server(server.pid)
+        assert not procinfo.nfs_server(impostor.pid)
+        assert not procinfo.nfs_server(os.getpid())
+        assert not procinfo.nfs_server(2 ** 22 + 1)  # no such process
+        seen: list[bool] = []
+        t = threading.Thread(target=lambda: seen.append(procinfo.nfs_server(
+            threading.get_native_id())))
+        t.start()
+        t.join()
+        assert seen == [False]  # a thread is judged by its process
+    finally:
+        for p in (server, impostor):
+            p.kill()
+            p.wait()

@@ -39,10 +39,6 @@ TIMEOUT = 1.0
 PAGE = 256
 
 
-def _who(ctx: Any) -> Who:
-    return Who(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else Who()
-
-
 def _holds(pid: int, ino: int) -> bool:
     """Whether process ``pid`` still has a descriptor open on inode ``ino``."""
     return procinfo.holds(pid, ino)
@@ -79,11 +75,14 @@ class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, spool: Spool, root_id: int = 1, roles: Gate | None = None) -> None:
+    def __init__(self, spool: Spool, root_id: int = 1, roles: Gate | None = None,
+                 nfs_export: bool = False) -> None:
         super().__init__()
         self.spool = spool
         self.root_id = root_id
         self.roles = roles  # -o strict_roles: the daemon checks the modes too, root included
+        #: -o nfs_export: thread id -> whether it is the NFS server's (procinfo.nfs_server)
+        self._nfs_threads: dict[int, bool] | None = {} if nfs_export else None
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, int] = {}  # open directory handle -> the directory's id
         self._next_fh = 1
@@ -108,6 +107,23 @@ class Operations(pyfuse3.Operations):
         pyfuse3.invalidate_entry_async(self._ino(parent), name, ignore_enoent=True)
 
     # ---- inode mapping and attributes ---------------------------------------------------
+
+    def _who(self, ctx: Any) -> Who:
+        if ctx is None:
+            return Who()
+        return Who(ctx.uid, ctx.gid, ctx.pid, self._nfs_threads is not None
+                   and self._is_nfs_server(ctx.pid))
+
+    def _is_nfs_server(self, tid: int) -> bool:
+        """Whether a request comes from the NFS server exporting the mount (its threads
+        are few and long-lived: each is looked up in /proc once)."""
+        assert self._nfs_threads is not None
+        known = self._nfs_threads.get(tid)
+        if known is None:
+            if len(self._nfs_threads) > 4096:  # thread ids are reused: start over now and then
+                self._nfs_threads.clear()
+            known = self._nfs_threads[tid] = procinfo.nfs_server(tid)
+        return known
 
     def _sid(self, ino: int) -> int:
         return self.root_id if ino == pyfuse3.ROOT_INODE else ino
@@ -203,7 +219,7 @@ class Operations(pyfuse3.Operations):
             e = self.spool.get(pid)
             e = self.spool.get(e.parent if e.parent is not None and pid != self.root_id else pid)
         else:
-            entry = self.spool.find(pid, name)
+            entry = self.spool.find(pid, name, self._who(ctx))
             if entry is None:  # the kernel keeps the answer as long as a name (see TIMEOUT)
                 return self._absent()
             e = entry
@@ -267,7 +283,7 @@ class Operations(pyfuse3.Operations):
             uid=attr.st_uid if fields.update_uid else None,
             gid=attr.st_gid if fields.update_gid else None,
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
-            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None, who=_who(ctx))
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None, who=self._who(ctx))
         return self._attr(e)
 
     @_guard
@@ -311,13 +327,13 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
         self._may(ctx, change=(self._sid(parent_inode),))
-        e = await self.spool.mkdir(self._sid(parent_inode), name, mode & ~ctx.umask, _who(ctx))
+        e = await self.spool.mkdir(self._sid(parent_inode), name, mode & ~ctx.umask, self._who(ctx))
         return self._remember(e, self._attr(e))
 
     @_guard
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         self._may(ctx, remove=((self._sid(parent_inode), name),))
-        await self.spool.rmdir(self._sid(parent_inode), name, _who(ctx))
+        await self.spool.rmdir(self._sid(parent_inode), name, self._who(ctx))
 
     @_guard
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
@@ -327,7 +343,7 @@ class Operations(pyfuse3.Operations):
         await self.spool.settle(pold, name_old)
         await self.spool.settle(pnew, name_new)
         self._forget_name(pnew, name_new)
-        if await self.spool.rename(pold, name_old, pnew, name_new, flags, _who(ctx)):
+        if await self.spool.rename(pold, name_old, pnew, name_new, flags, self._who(ctx)):
             # Published while a writer holds it: the kernel moves its cached name into ready/,
             # where it must not be seen until the last close. The invalidation waits for the
             # rename to finish (it takes the directory's lock).
@@ -339,13 +355,13 @@ class Operations(pyfuse3.Operations):
         self._may(ctx, remove=((pid, name),))
         await self.spool.settle(pid, name)
         self._forget_name(pid, name)
-        await self.spool.unlink(pid, name, _who(ctx))
+        await self.spool.unlink(pid, name, self._who(ctx))
 
     @_guard
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
         self._may(ctx, change=(self._sid(new_parent_inode),))
         e = await self.spool.link(self._sid(inode), self._sid(new_parent_inode), new_name,
-                                  _who(ctx))
+                                  self._who(ctx))
         return self._remember(e, self._attr(e))
 
     @_guard
@@ -358,8 +374,8 @@ class Operations(pyfuse3.Operations):
             log.info("refused mknod(%r): EPERM (only regular files)", name)
             raise pyfuse3.FUSEError(errno.EPERM)
         self._may(ctx, change=(self._sid(parent_inode),))
-        e, h = await self.spool.create(self._sid(parent_inode), name, mode, _who(ctx))
-        await self.spool.close(h, _who(ctx))
+        e, h = await self.spool.create(self._sid(parent_inode), name, mode, self._who(ctx))
+        await self.spool.close(h, self._who(ctx))
         return self._remember(e, self._attr(e))
 
     # ---- files --------------------------------------------------------------------------
@@ -373,7 +389,7 @@ class Operations(pyfuse3.Operations):
     def _watch_opener(self, h: Handle) -> None:
         """A handle whose close may publish remembers its opener's process rather than the
         thread that opened it: ``flush`` reads how that process ends (procinfo.py)."""
-        if self.spool.awaits_publish(h):
+        if not h.nfs and self.spool.awaits_publish(h):
             h.opener = procinfo.process_of(h.opener)
 
     @_guard
@@ -381,7 +397,7 @@ class Operations(pyfuse3.Operations):
                      ctx: Any) -> Any:
         self._may(ctx, change=(self._sid(parent_inode),))
         e, h = await self.spool.create(self._sid(parent_inode), name, mode & ~ctx.umask,
-                                       _who(ctx))
+                                       self._who(ctx))
         self._watch_opener(h)
         attr = self._attr(e)
         return pyfuse3.FileInfo(fh=self._new_fh(h)), self._remember(e, attr)
@@ -395,7 +411,7 @@ class Operations(pyfuse3.Operations):
             h = Handle(inode, None, await self._render(inode, ctx), False)
             return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True, keep_cache=False)
         h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
-                                  bool(flags & os.O_TRUNC), _who(ctx))
+                                  bool(flags & os.O_TRUNC), self._who(ctx))
         self._watch_opener(h)
         # Published content never changes: the page cache may keep it.
         return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed)
@@ -421,6 +437,8 @@ class Operations(pyfuse3.Operations):
         # still in /proc while the kernel closes its files: whether a writer finished is
         # known now, and never later (procinfo.py).
         h = self._handles[fh]
+        if h.nfs:  # the server closes for itself, not for a client (uploads.py)
+            return
         pending = self.spool.pending_upload(h)
         if pending is None:
             return
@@ -437,6 +455,8 @@ class Operations(pyfuse3.Operations):
         h = self._handles[fh]
         if h.fd is not None and h.writable:
             os.fsync(h.fd)
+        if h.nfs:  # a client's COMMIT: what it created in ready/ appears
+            await self.spool.committed(h, Who(nfs=True))
 
     @_guard
     async def release(self, fh: int) -> None:
@@ -460,11 +480,11 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        await self.spool.setxattr(self.spool.get(self._sid(inode)), name, value, _who(ctx))
+        await self.spool.setxattr(self.spool.get(self._sid(inode)), name, value, self._who(ctx))
 
     @_guard
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        await self.spool.removexattr(self.spool.get(self._sid(inode)), name, _who(ctx))
+        await self.spool.removexattr(self.spool.get(self._sid(inode)), name, self._who(ctx))
 
     @_guard
     async def statfs(self, ctx: Any) -> Any:

@@ -32,6 +32,35 @@ def process_of(tid: int) -> int:
         return tid
 
 
+#: process names of NFS servers (``-o nfs_export``): nfs-ganesha, and the kernel's nfsd threads
+NFS_SERVERS = (b"ganesha.nfsd", b"nfsd")
+#: ``PF_KTHREAD``: a kernel thread (the kernel's nfsd threads are)
+PF_KTHREAD = 0x00200000
+
+
+def nfs_server(tid: int) -> bool:
+    """Whether thread ``tid`` serves NFS clients: its process is nfs-ganesha's
+    ``ganesha.nfsd``, or it is one of the kernel's ``nfsd`` threads. One read of /proc."""
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            raw = f.read()
+        start = raw.index(b"\nTgid:") + 6
+        tgid = int(raw[start:raw.index(b"\n", start)])
+        if tgid != tid:
+            with open(f"/proc/{tgid}/status", "rb") as f:
+                raw = f.read()
+    except (OSError, ValueError):
+        return False
+    name = raw[raw.index(b":") + 1:raw.index(b"\n")].strip() if raw.startswith(b"Name:") \
+        else b""
+    if name not in NFS_SERVERS:
+        return False
+    if name != b"nfsd":
+        return True
+    flags = _fields(tgid)
+    return flags is not None and bool(int(flags[_FLAGS - 3]) & PF_KTHREAD)
+
+
 #: what a descriptor's link in /proc/PID/fd/ reads when it cannot be a file of a mount
 _NOT_A_FILE = ("/dev/null", "/dev/pts/", "/dev/tty")
 

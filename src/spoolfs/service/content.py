@@ -47,7 +47,7 @@ class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
-                 "lease_checked", "lease_id", "queue")
+                 "lease_checked", "lease_id", "queue", "nfs")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -61,6 +61,7 @@ class Handle:
         self.lease_checked = 0.0  # monotonic time a read last looked at the lease
         self.lease_id = entry_id  # the message whose lease an open handle holds (a batch's)
         self.queue: int | None = None  # its queue: the disk guard's policy
+        self.nfs = False  # held by an NFS server for its clients (service/uploads.py)
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:

@@ -60,6 +60,24 @@ class Moving(Uploads):
         if action is Action.PUBLISH:
             self.guard.check(self.policies.of(d.queue))
         defer = action is Action.PUBLISH and self._writers.get(src.id, 0) > 0
+        # an NFS server's descriptors write no more once its client renamed the file in: the
+        # client wrote everything first (uploads.py)
+        seals_nfs = action is Action.PUBLISH and not defer and src.id in self._nfs
+        if seals_nfs:
+            self._nfs_published(src.id)
+        try:
+            return await self._rename_message(src, d, action, defer, parent, name, new_parent,
+                                              new_name, flags, who)
+        except BaseException:
+            if seals_nfs:
+                self._nfs_published(src.id, False)
+            raise
+
+    async def _rename_message(self, src: Entry, d: Entry, action: Action, defer: bool,
+                              parent: int, name: bytes, new_parent: int, new_name: bytes,
+                              flags: int, who: Who) -> bool:
+        dst_state = self._message_dir(d)
+        src_kind, dst_kind = self.kind(src), rules.kind_of(dst_state, new_name)
         sealed = await self._seal(src) if action is Action.PUBLISH and src.staged and not defer \
             else None
         members = await self._seal_batch(src) if action is Action.PUBLISH and is_batch(src) \

@@ -52,6 +52,10 @@ class Who:
     uid: int = 0
     gid: int = 0
     pid: int = 0
+    #: the request came from the NFS server that exports the mount (``-o nfs_export``): it
+    #: acts for its clients, who have no descriptors of their own here (docs/design.md,
+    #: "Serving NFS clients")
+    nfs: bool = False
 
 
 def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
@@ -92,6 +96,9 @@ class SpoolCore:
         self.clock = clock
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
+        #: entry id -> handles an NFS server holds open on its clients' behalf: they hold no
+        #: lease and do not keep an upload unpublished (service/uploads.py)
+        self._nfs: dict[int, list[Handle]] = {}
         self.policies = Policies(self.r)
         self.guard = DiskGuard(self.place.local, store.reserve)
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
@@ -124,15 +131,21 @@ class SpoolCore:
             raise NotFound()
         return e
 
-    def find(self, parent: int, name: bytes) -> Entry | None:
+    def find(self, parent: int, name: bytes, who: Who | None = None) -> Entry | None:
         """The visible entry ``parent/name``, or None when the name is free; NotFound (never
-        None) when an unpublished upload holds the name, which may appear at any close."""
+        None) when an unpublished upload holds the name, which may appear at any close. An
+        NFS server finds the uploads it writes itself (it looks up what it just created)."""
         if len(name) > 255:
             check_message_name(name)
         e = self.r.lookup(parent, name)
-        if e is not None and e.hidden:
+        if e is not None and e.hidden and not (who is not None and who.nfs
+                                               and self.nfs_writes(e.id)):
             raise NotFound()
         return e
+
+    def nfs_writes(self, entry_id: int) -> bool:
+        """Whether the NFS server holds the entry open for writing."""
+        return any(h.writable for h in self._nfs.get(entry_id, ()))
 
     def listdir(self, parent: int) -> list[Entry]:
         self.check_dir(parent)

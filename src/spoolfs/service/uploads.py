@@ -86,6 +86,10 @@ class Uploads(Publishing):
         h.queue = e.queue
         if e.kind == MEMBER:
             h.lease_id = batches.root_of(self.r, e).id
+        if who.nfs:  # the server's descriptor: no lease, no say in when an upload appears
+            h.nfs = True
+            self._nfs.setdefault(e.id, []).append(h)
+            return h
         self._open[h.lease_id] = self._open.get(h.lease_id, 0) + 1
         if writable:
             self._writers[e.id] = self._writers.get(e.id, 0) + 1
@@ -170,6 +174,9 @@ class Uploads(Publishing):
             h.close()
 
     async def _closing(self, h: Handle, who: Who) -> None:
+        if h.nfs:
+            await self._nfs_closing(h, who)
+            return
         left = self._open.get(h.lease_id, 1) - 1
         if left > 0:
             self._open[h.lease_id] = left
@@ -190,6 +197,52 @@ class Uploads(Publishing):
         finally:
             self._failed.discard(h.entry_id)
             self._unfinished.pop(h.entry_id, None)
+
+    # ---- uploads written by an NFS server (-o nfs_export) ----------------------------------
+    #
+    # An NFS server keeps descriptors open on its clients' behalf and closes them when it
+    # pleases (nfs-ganesha: when its descriptor cache is trimmed), so a close says nothing
+    # about a client. What does: the client's COMMIT (the server's fsync) of a file it
+    # created in ready/, and its rename of a file into ready/. Either publishes at once;
+    # writes through the server's descriptors after that are refused (EPERM), never lost.
+
+    def _nfs_published(self, entry_id: int, published: bool = True) -> None:
+        """The upload appears: the server's descriptors on it write no more (``False``: it
+        did not after all)."""
+        for h in self._nfs.get(entry_id, ()):
+            h.done = published
+
+    async def committed(self, h: Handle, who: Who) -> None:
+        """The server synced an upload it created in ``ready/`` (a client's COMMIT, or a
+        stable WRITE): it appears now, unless a local writer still holds it."""
+        e = self.pending_upload(h) if h.nfs else None
+        if e is None or self._writers.get(e.id, 0) > 0:
+            return
+        self._nfs_published(e.id)
+        try:
+            await self._publish_settled(e, who)
+        except BaseException:
+            self._nfs_published(e.id, False)  # still an upload (or one in partial/ now)
+            raise
+
+    async def _nfs_closing(self, h: Handle, who: Who) -> None:
+        """The server closed a descriptor: a pending upload nobody else writes appears
+        (a client that created a file and wrote nothing, then never synced)."""
+        held = self._nfs.get(h.entry_id, [])
+        if h in held:
+            held.remove(h)
+        if not held:
+            self._nfs.pop(h.entry_id, None)
+        if not h.writable or h.done or self._writers.get(h.entry_id, 0) > 0 \
+                or self.nfs_writes(h.entry_id):
+            return
+        e = self.r.get(h.entry_id)
+        try:
+            if e is not None and e.hidden:
+                self._nfs_published(e.id)
+                await self._publish_settled(e, who)
+        finally:
+            self._failed.discard(h.entry_id)
 
     # ---- arrival in ready/: duplicates and fan-out (DESIGN §5) ---------------------------
 
