@@ -8,6 +8,8 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from helpers.waiting import wait_until
 from spoolfs.fuse import procinfo
 
@@ -109,3 +111,21 @@ def test_the_nfs_server_is_known_by_its_process_name(tmp_path: Path) -> None:
         for p in (server, impostor):
             p.kill()
             p.wait()
+
+
+def test_a_descriptor_closed_while_its_fdinfo_is_read_is_passed_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc answers ENOENT to the read of an fdinfo file whose descriptor has just closed
+    (seen under load, ending a close in EIO): that descriptor holds nothing."""
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    real_read = os.read
+
+    def read(fd: int, n: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith("/proc/"):
+            raise FileNotFoundError(2, "No such file or directory")
+        return real_read(fd, n)
+
+    with open(f, "rb"):
+        monkeypatch.setattr(os, "read", read)
+        assert procinfo.holds(os.getpid(), f.stat().st_ino) is False

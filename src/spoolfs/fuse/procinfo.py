@@ -90,6 +90,8 @@ def holds(pid: int, ino: int) -> bool:
         try:
             if want in os.read(info, 4096):
                 return True
+        except OSError:
+            continue  # the descriptor closed between the open and the read (ENOENT)
         finally:
             os.close(info)
     return False
