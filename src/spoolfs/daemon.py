@@ -123,7 +123,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         try:
             with open(pf, "w") as f:
                 f.write(f"{os.getpid()}\n")
-            log.info("spoolfs: mounted %s on %s (pid %d)", place.name, mountpoint, os.getpid())
+            log.info("mounted %s on %s (pid %d)", place.name, mountpoint, os.getpid())
             try:
                 trio.run(_main, spool, on_ready, listeners, root_id if root_id != 1 else None)
             finally:
@@ -136,7 +136,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
     finally:
         place.blobs.close()  # removals of content still queued for a remote store
         store.close()
-        log.info("spoolfs: %s unmounted, store closed", mountpoint)
+        log.info("%s unmounted, store closed", mountpoint)
 
 
 async def _main(spool: Spool, on_ready: Callable[[], None],

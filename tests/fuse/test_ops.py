@@ -51,6 +51,9 @@ async def test_every_refusal_is_its_errno_and_one_log_line(
     assert len(lines) == 1, lines
     assert lines[0].startswith("refused lookup(") and "the reason" in lines[0]
     assert errno.errorcode[cls.errno] in lines[0]
+    # where, and who asked: the path in the mount, never an inode number
+    assert f"ready/m): {errno.errorcode[cls.errno]} (the reason) uid=0 pid={os.getpid()}" \
+        in lines[0]
 
 
 async def test_a_missing_name_is_a_cached_negative_entry_without_a_log_line(
@@ -118,7 +121,8 @@ async def test_written_content_is_logged_as_its_size_only(
     with caplog.at_level(logging.INFO, logger=ops_module.__name__):
         assert await _errno_of(fs.ops.write(fi.fh, 0, b"secret payload")) == errno.ENOSPC
     text = caplog.text
-    assert "secret" not in text and "<14 bytes>" in text
+    assert "secret" not in text
+    assert "refused write(q/partial/u, <14 bytes>): ENOSPC (disk full)\n" in text
     monkeypatch.undo()
     await fs.ops.release(fi.fh)
 

@@ -161,7 +161,7 @@ class Mount:
 
     @property
     def pid(self) -> int:
-        """The daemon's pid, from the ``spoolfs: mounted ... (pid N)`` line of its log."""
+        """The daemon's pid, from the ``mounted ... (pid N)`` line of its log."""
         if self._pid is None:
             self._adopt(wait_until(self._find_pid, timeout=5.0,
                                    what=f"a '(pid N)' line in {self.log}"))

@@ -376,7 +376,7 @@ def test_foreground_logs_to_stderr_at_the_chosen_level(tmp_path: Path) -> None:
     assert code == 0, text
     lines = text.splitlines()
     assert lines and all(LOG_LINE.match(line) for line in lines), text
-    assert any(re.search(r" INFO spoolfs: spoolfs: mounted .* \(pid \d+\)$", line)
+    assert any(re.search(r" INFO spoolfs: mounted .* \(pid \d+\)$", line)
                for line in lines), text
     assert any(" DEBUG spoolfs" in line and "publish" in line for line in lines), text
 
@@ -398,7 +398,7 @@ def test_foreground_under_journald_logs_priorities_without_time_stamps(tmp_path:
                             env={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}, stderr=err)
     assert code == 0, text
     lines = text.splitlines()
-    assert any(re.fullmatch(r"<6>INFO spoolfs: spoolfs: mounted .* \(pid \d+\)", line)
+    assert any(re.fullmatch(r"<6>INFO spoolfs: mounted .* \(pid \d+\)", line)
                for line in lines), text
     assert all(re.match(r"<[2-7]>", line) for line in lines), text
     assert not any(line.startswith("<7>") for line in lines), "debug lines at level info"

@@ -28,10 +28,11 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(f"<{prio}>{line}" for line in super().format(record).splitlines())
 
 
-class PrivateFileHandler(logging.FileHandler):
+class PrivateFileHandler(logging.handlers.WatchedFileHandler):
     """A log file only its owner may read: refusals name files, and the log is the queue's
     history in prose. A new file is made 0600; an existing one loses any permission for others
-    (an admin's 0640 for a log-reading group stays)."""
+    (an admin's 0640 for a log-reading group stays). Reopened when it is renamed or removed
+    (logrotate without ``copytruncate``): the next line goes to a new file of that name."""
 
     def _open(self) -> TextIOWrapper:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,

@@ -174,6 +174,7 @@ def _daemonize(args: argparse.Namespace, store: str, mountpoint: str, options: l
     # Child: a new session, detached from the terminal; the event loop starts only now.
     os.close(r)
     os.setsid()
+    os.chdir("/")  # never keeps the caller's directory busy (it could not be unmounted)
     code = 0
     try:
         from spoolfs import daemon
@@ -187,7 +188,7 @@ def _daemonize(args: argparse.Namespace, store: str, mountpoint: str, options: l
             os.write(w, b"ok")
             os.close(w)
             devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, Exit.USAGE):
+            for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
             os.close(devnull)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import inspect
 import logging
 import os
 import stat
@@ -46,6 +47,7 @@ def _holds(pid: int, ino: int) -> bool:
 
 def _guard(fn: F) -> F:
     op = fn.__name__
+    params = tuple(inspect.signature(fn).parameters)[1:]  # after self
 
     @functools.wraps(fn)
     async def wrapper(self: Operations, *args: Any) -> Any:
@@ -59,11 +61,13 @@ def _guard(fn: F) -> F:
             code = errno.errorcode.get(e.errno, str(e.errno))
             TIMINGS.refused(op, code)
             if not isinstance(e, NotFound) or e.hint:
-                log.info("refused %s%s: %s (%s)", op, self._describe(op, args), code, e.hint)
+                log.info("refused %s(%s): %s (%s)%s", op, self._describe(op, params, args), code,
+                         e.hint, self._caller(params, args))
             raise pyfuse3.FUSEError(e.errno) from None
         except Exception:
             TIMINGS.refused(op, "EIO")
-            log.exception("internal error in %s%s", op, self._describe(op, args))
+            log.exception("internal error in %s(%s)%s", op, self._describe(op, params, args),
+                          self._caller(params, args))
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             TIMINGS.request(op, perf_counter_ns() - start)
@@ -140,16 +144,42 @@ class Operations(pyfuse3.Operations):
         if self.roles is not None and ctx is not None:
             self.roles.check(ctx.uid, ctx.gid, ctx.pid, change, remove)
 
-    #: handlers whose argument at this position is content (a write's buffer, an attribute's
-    #: value): logged as its size, never as what it holds
-    _CONTENT_ARG = {"write": 2, "setxattr": 2}
+    #: arguments that name an inode, a name in the directory before it, an open file
+    _INODES = frozenset({"inode", "parent_inode", "parent_inode_old", "parent_inode_new",
+                         "new_parent_inode"})
+    _NAMES = frozenset({"name", "name_old", "name_new", "new_name"})
 
-    def _describe(self, op: str, args: Sequence[Any]) -> str:
-        content = self._CONTENT_ARG.get(op)
-        shown = [f"<{len(a)} bytes>" if i == content and isinstance(a, bytes) else repr(a)
-                 for i, a in enumerate(args)
-                 if isinstance(a, (bytes, int)) and not isinstance(a, bool)]
-        return "(" + ", ".join(shown[:4]) + ")"
+    def _describe(self, op: str, params: Sequence[str], args: Sequence[Any]) -> str:
+        """The paths a refused request named, inside the mount (``q/ready/a``); never
+        content. Built only for a refusal's log line."""
+        shown: list[str] = []
+        for param, arg in zip(params, args, strict=False):
+            if param in self._INODES and isinstance(arg, int):
+                shown.append(self._path(arg))
+            elif param in self._NAMES and isinstance(arg, bytes) and shown:
+                # a name follows its directory's inode; an extended attribute's, its file's
+                name = arg.decode(errors="backslashreplace")
+                sep = " " if op.endswith("xattr") else "/"
+                shown[-1] = f"{shown[-1]}{sep}{name}" if shown[-1] else name
+            elif param in ("buf", "value") and isinstance(arg, bytes):
+                shown.append(f"<{len(arg)} bytes>")  # content: its size only
+            elif param == "fh" and isinstance(arg, int):
+                h = self._handles.get(arg)
+                shown.append(self._path(self._ino(h.entry_id)) if h is not None
+                             else f"handle {arg}")
+        return ", ".join(p or "/" for p in shown)
+
+    def _path(self, ino: int) -> str:
+        """Where inode ``ino`` is in this mount (``q/ready/a``; ``""`` for its root)."""
+        if virtual.is_virtual(ino):
+            return virtual.DIR_NAME.decode() if ino == virtual.DIR else ".spool/…"
+        path = self.spool.path_of(self._sid(ino), self.root_id)
+        return path if path is not None else f"inode {ino} (gone)"
+
+    @staticmethod
+    def _caller(params: Sequence[str], args: Sequence[Any]) -> str:
+        ctx = dict(zip(params, args, strict=False)).get("ctx")
+        return f" uid={ctx.uid} pid={ctx.pid}" if ctx is not None else ""
 
     def _attr(self, e: Entry) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()

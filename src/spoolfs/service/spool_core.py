@@ -147,6 +147,18 @@ class SpoolCore:
         """Whether the NFS server holds the entry open for writing."""
         return any(h.writable for h in self._nfs.get(entry_id, ()))
 
+    def path_of(self, entry_id: int, root: int = 1) -> str | None:
+        """Where an entry is below ``root`` (``q/ready/a``; ``""`` for ``root`` itself), or
+        None when it is gone: for log lines."""
+        names: list[str] = []
+        while entry_id != root:
+            e = self.r.get(entry_id)
+            if e is None or e.parent is None:
+                return None
+            names.append(e.name.decode(errors="backslashreplace"))
+            entry_id = e.parent
+        return "/".join(reversed(names))
+
     def listdir(self, parent: int) -> list[Entry]:
         self.check_dir(parent)
         return [e for e in self.r.children(parent) if not e.hidden]
