@@ -8,12 +8,13 @@ import os
 import signal
 import socket
 import stat
+import sys
 from collections.abc import Awaitable, Callable
 
 import pyfuse3
 import trio
 
-from spoolfs import metrics_http
+from spoolfs import metrics_http, mounttable
 from spoolfs.core.errors import SpoolError, StoreFailure, UserError
 from spoolfs.fuse.ops import Operations
 from spoolfs.notify import notify
@@ -198,6 +199,14 @@ async def _signals(scope: trio.CancelScope) -> None:
 
 def check_mountpoint(mountpoint: str) -> str:
     mp = os.path.abspath(mountpoint)
+    dead = mounttable.dead_mount(mp)
+    if dead is not None:  # left by a daemon that died: mounting again is the way back
+        try:
+            mounttable.detach(dead)
+        except OSError as e:
+            raise UserError(str(e)) from None
+        print(f"spoolfs: {mp}: the daemon of the mount there was gone; detached",
+              file=sys.stderr)
     try:
         st = os.stat(mp)
     except FileNotFoundError:

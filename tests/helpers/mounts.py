@@ -89,6 +89,7 @@ class Mount:
         self.extra = list(extra)
         self._pid: int | None = None
         self._log_offset = 0
+        self.last_stderr = ""  # what the last mount command said on stderr
 
     def __repr__(self) -> str:
         return f"Mount({self.store} on {self.path})"
@@ -103,12 +104,14 @@ class Mount:
 
     def start(self, timeout: float = MOUNT_TIMEOUT) -> Mount:
         """Mount; returns once the daemon's parent has exited 0 and the mount is ready."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        if not mounted(self.path):  # a dead mount there answers ENOTCONN: spoolfs detaches it
+            self.path.mkdir(parents=True, exist_ok=True)
         if ":" not in str(self.store) and not (Path(self.store) / "meta.db").exists():
             new_store(self.store)
         self._log_offset = self.log_size()
         self._pid = None
         res = spoolfs_cli(*self.argv, timeout=timeout)
+        self.last_stderr = res.stderr.decode(errors="replace")
         if res.returncode != 0:
             if mounted(self.path):
                 Mount.live.add(self)  # so teardown still removes it

@@ -1,4 +1,5 @@
-"""``spoolfs umount MOUNTPOINT``: unmount and wait until the daemon has flushed and exited."""
+"""``spoolfs umount MOUNTPOINT``: unmount and wait until the daemon has flushed and exited; a
+mount whose daemon died is detached (mounttable.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import os
 import subprocess
 import time
 
+from spoolfs import mounttable
 from spoolfs.cli.args import Parser, positive_seconds
 from spoolfs.core.errors import UserError
-from spoolfs.runtime import pidfile
 
 
 def _alive(pid: int) -> bool:
@@ -38,14 +39,20 @@ def parser() -> argparse.ArgumentParser:
 def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     mp = os.path.abspath(args.mountpoint)
-    pid = None
-    try:
-        with open(pidfile(mp)) as f:
-            pid = int(f.read().strip())
-    except (OSError, ValueError):
-        pass
-    if not os.path.ismount(mp):
+    entry = mounttable.find(mp)
+    if entry is None:
         raise UserError(f"{mp} is not mounted")
+    if not mounttable.is_spoolfs(entry):
+        raise UserError(f"{mp} is not a spoolfs mount (it is {entry.fstype})")
+    dead = mounttable.dead_mount(mp)
+    if dead is not None:  # kill -9, a crash: the kernel kept the mount
+        try:
+            mounttable.detach(dead)
+        except OSError as e:
+            raise UserError(str(e)) from None
+        print(f"{mp}: the daemon was gone; detached")
+        return 0
+    pid = mounttable.daemon_pid(mp)
     res = subprocess.run(["fusermount3", "-u", mp], capture_output=True, text=True)
     if res.returncode != 0:
         raise UserError(f"cannot unmount {mp}: {res.stderr.strip()}")

@@ -1,0 +1,107 @@
+"""Mounts of spoolfs in the mount table, and the one left behind by a daemon that died.
+
+After ``kill -9`` (or a crash) the kernel keeps the mount: it stays in ``/proc/self/mountinfo``
+and every access fails with "Transport endpoint is not connected". ``spoolfs umount`` and a new
+mount on the same point detach it (``fusermount3 -u -z``), first aborting its FUSE connection
+through fusectl in case a thread of the dead daemon still holds it (requests would hang
+instead of failing). Nothing here stats the mount point: on a dead or hung mount that fails or
+waits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+from spoolfs.runtime import pidfile
+
+FUSECTL = "/sys/fs/fuse/connections"
+_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    point: str
+    fstype: str
+    #: the FUSE connection number (the device minor): fusectl's name for it
+    connection: str
+
+
+def find(mountpoint: str) -> MountEntry | None:
+    """The newest mount on ``mountpoint`` (an absolute path), or None."""
+    found = None
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, _, right = line.partition(b" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or not rest:
+            continue
+        point = os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), fields[4]))
+        if point == mountpoint:
+            found = MountEntry(point, rest[0].decode(), fields[2].decode().partition(":")[2])
+    return found
+
+
+def is_spoolfs(entry: MountEntry) -> bool:
+    return entry.fstype in ("fuse.spoolfs", "fuseblk.spoolfs")
+
+
+def daemon_pid(mountpoint: str) -> int | None:
+    """The pid the daemon serving ``mountpoint`` recorded, if it is still a spoolfs process."""
+    try:
+        with open(pidfile(mountpoint)) as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b") ")[2][:1]
+    except (OSError, ValueError):
+        return None
+    return pid if b"spoolfs" in cmdline and state not in (b"Z", b"X") else None
+
+
+def answers(mountpoint: str, timeout: float = 2.0) -> bool:
+    """Whether the mount answers a stat: a dead one says ENOTCONN at once, one whose
+    connection a stuck thread of a dead daemon holds never answers (the probe is a process of
+    its own, killed at the timeout)."""
+    try:
+        res = subprocess.run(["stat", "-c", "%i", "--", mountpoint], capture_output=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return res.returncode == 0
+
+
+def dead_mount(mountpoint: str) -> MountEntry | None:
+    """The spoolfs mount on ``mountpoint`` whose daemon is gone, or None: no spoolfs process
+    recorded for it is running, and the mount does not answer."""
+    entry = find(mountpoint)
+    if entry is None or not is_spoolfs(entry) or daemon_pid(mountpoint) is not None \
+            or answers(mountpoint):
+        return None
+    return entry
+
+
+def detach(entry: MountEntry) -> None:
+    """Abort the mount's connection (if it still exists) and detach it (lazily: a process
+    whose directory is inside keeps it until it leaves, and gets ENOTCONN meanwhile)."""
+    abort = os.path.join(FUSECTL, entry.connection, "abort")
+    if entry.connection and not os.path.exists(FUSECTL + "/" + entry.connection):
+        subprocess.run(["mount", "-t", "fusectl", "none", FUSECTL], capture_output=True)
+    try:
+        with open(abort, "w") as f:
+            f.write("1")
+    except OSError:
+        pass  # the connection ended with its daemon (the usual case), or fusectl is absent
+    res = subprocess.run(["fusermount3", "-u", "-z", entry.point], capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        res = subprocess.run(["umount", "-l", entry.point], capture_output=True, text=True)
+    if find(entry.point) == entry:
+        raise OSError(f"cannot detach {entry.point}: {res.stderr.strip()}")
