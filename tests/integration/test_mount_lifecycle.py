@@ -9,6 +9,7 @@ as "this was fast".
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -738,3 +739,24 @@ def test_expiry_onto_a_taken_name_loses_nothing(module_mount: Mount,
         return True
 
     stretched(1.0, attempt, what="claims, a publish and a finish within one lease")
+
+
+def test_idle_empty_views_are_removed(module_mount: Mount,
+                                      fresh_queue: Callable[[], Queue]) -> None:
+    """``idle_views``: the views of consumers that went away do not stay in status forever;
+    a view holding a claim, or one claimed into lately, stays."""
+    q = fresh_queue()
+    res = spoolfs_cli("queue", "set", str(q.path), "idle_views=2s")
+    assert res.returncode == 0, res.stderr
+    gone, busy = q.consumer("gone"), q.consumer("busy")
+    q.publish("job")
+    q.claim("job", "busy")
+    wait_until(lambda: not gone.exists(), timeout=patience(30),
+               what="the idle, empty view to be removed")
+    assert busy.is_dir() and os.listdir(busy) == ["job"]
+    assert re.search(rf"consumer view {q.path.name}/working/gone removed: empty, no claim in "
+                     r"or out for \d+s", module_mount.log_text())
+    q.consumer("gone")  # a consumer that comes back makes its view again
+    assert gone.is_dir()
+    snap = json.loads((module_mount.path / ".spool" / "status").read_bytes())
+    assert "busy" in snap["queues"][q.path.name]["consumers"]

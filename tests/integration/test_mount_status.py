@@ -68,8 +68,11 @@ def test_status_shows_every_field(mounter: MountFactory, tmp_path: Path) -> None
     assert q["consumers"]["c1"]["in_flight"] == 2
     claimed_for_at_most = time.monotonic() - started
     assert 3600 - claimed_for_at_most - 1 <= q["consumers"]["c1"]["next_lease_end_s"] <= 3600
-    assert q["consumers"]["c2"] == {"in_flight": 0, "oldest_claim_age_s": None,
-                                    "next_lease_end_s": None}
+    c2 = q["consumers"]["c2"]
+    assert 1.0 <= c2.pop("last_activity_age_s") <= time.monotonic() - started + 1
+    assert c2 == {"in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None}
+    # a view's last activity: the last claim into it or out of it
+    assert q["consumers"]["c1"]["last_activity_age_s"] >= 1.0
     assert q["abandoned"] == 0  # explicit errors are final, not abandoned
     d = snap["disk"]
     assert 0 < d["free_bytes"] <= d["total_bytes"] and d["free_inodes"] > 0

@@ -213,7 +213,7 @@ def test_defaults_are_those_of_design() -> None:
         "error_retention": "forever", "fanout": "none", "duplicates": "allow",
         "duplicates_window": "7d", "max_age.partial": "none", "max_age.ready": "none",
         "max_age.working": "none", "max_error": "none", "max_working_per_consumer": "none",
-        "min_free": "auto",
+        "idle_views": "off", "min_free": "auto",
     }
     assert set(p.shown()) == set(KEYS)
 
@@ -279,3 +279,15 @@ def test_with_values_refuses_a_bad_value_or_key() -> None:
 def test_shown_round_trips(values: dict[str, str]) -> None:
     p = DEFAULT.with_values(values)
     assert DEFAULT.with_values(p.shown()) == p
+
+
+@pytest.mark.parametrize("text, shown", [("1h", "1h"), ("90", "90s"), ("off", "off"),
+                                         ("never", "off")])
+def test_idle_views_is_a_duration_or_off(text: str, shown: str) -> None:
+    assert P.parse_assignments([f"idle_views={text}"]) == {"idle_views": shown}
+
+
+@pytest.mark.parametrize("text", ["0s", "-1", "soon"])
+def test_idle_views_refuses_what_is_no_positive_duration(text: str) -> None:
+    with pytest.raises(Invalid):
+        P.parse_assignments([f"idle_views={text}"])

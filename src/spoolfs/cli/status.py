@@ -71,6 +71,10 @@ def _age(s: float | None) -> str:
     return f"{s:.1f}s"
 
 
+def _ago(s: float | None) -> str:
+    return "-" if s is None else f"{_age(s)} ago"
+
+
 def _size(n: int) -> str:
     for unit in ("TiB", "GiB", "MiB", "KiB"):
         k = {"TiB": 1 << 40, "GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10}[unit]
@@ -90,7 +94,7 @@ def render(snap: dict[str, Any]) -> str:
             lease = "-" if nxt is None else (f"in {_age(nxt)}" if nxt >= 0 else "overdue")
             lines.append(f"{'':<20} consumer {c or '(working/)'}: {info['in_flight']} in "
                          f"flight, oldest claim {_age(info['oldest_claim_age_s'])}, next lease "
-                         f"end {lease}")
+                         f"end {lease}, last active {_ago(info.get('last_activity_age_s'))}")
         if q["abandoned"] or q["waiting_retry"]:
             lines.append(f"{'':<20} error/: {q['abandoned']} abandoned, "
                          f"{q['waiting_retry']} waiting for a retry")

@@ -38,6 +38,9 @@ class Policy:
     max_age_working: int | None = None
     max_error: int | None = None
     max_working_per_consumer: int | None = None
+    # Consumer views of working/ that are empty and had no claim in or out for this long are
+    # removed by the lifecycle (consumers that died leave no views behind); None: never.
+    idle_views: int | None = None
     # The disk guard: below this much free space, uploads and publishes get ENOSPC.
     min_free: str = "auto"  # "auto" (5% or 1 GiB, whichever is less), a size, or "N%"
 
@@ -92,6 +95,8 @@ HELP = {
     "max_error": "status --check: at most this many messages in error/ (number or none)",
     "max_working_per_consumer": "status --check: at most this many claims per consumer view "
                                 "(number or none)",
+    "idle_views": "remove empty consumer views with no claim in or out for this long "
+                  "(duration, or off)",
     "min_free": "below this free space uploads and publishes get ENOSPC: auto (5% or 1G, whichever "
                 "is less), a size (500M, 2G) or a share (10%)",
 }
@@ -166,6 +171,13 @@ def parse(key: str, text: str) -> Any:
         return v
     if key in ("retry_backoff", "retry_backoff_max", "duplicates_window"):
         return parse_duration(t)
+    if key == "idle_views":
+        if t in FOREVER:
+            return None
+        v = parse_duration(t)
+        if v <= 0:
+            raise Invalid(f"{key} must be longer than 0, or off")
+        return v
     if key in ("success_retention", "error_retention"):
         return None if t in FOREVER else parse_duration(t)
     if key == "max_attempts":
@@ -204,6 +216,8 @@ def show(key: str, value: Any) -> str:
         return str(value)
     if key in ("max_error", "max_working_per_consumer"):
         return "none" if value is None else str(value)
+    if key == "idle_views" and value is None:
+        return "off"
     if key.startswith("max_age.") and value is None:
         return "none"
     if key == "duplicates":

@@ -111,3 +111,19 @@ class Directories(Moving):
                 tx.delete(i)
 
         await self.tx(fn)
+
+    async def remove_idle_view(self, view: Entry) -> bool:
+        """Remove consumer view ``view`` if it is still as seen (no claim in or out since:
+        its time is unchanged) and empty; whether it was removed."""
+        assert view.kind == "consumer" and view.parent is not None
+
+        def fn(tx: WriteTx) -> bool:
+            cur = tx.get(view.id)
+            if cur is None or cur.mtime_ns != view.mtime_ns or tx.has_children(cur.id):
+                return False
+            return tx.delete(cur.id)
+
+        if not await self.tx(fn):
+            return False
+        self.on_gone(view.parent, view.name)
+        return True

@@ -17,6 +17,7 @@ import trio
 
 from spoolfs.core import lifecycle as L
 from spoolfs.core.errors import SpoolError, StoreFailure
+from spoolfs.core.policy import show_duration
 from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context
 from spoolfs.service.moves import DAEMON, apply
@@ -148,8 +149,30 @@ class Lifecycle:
                 cutoff = L.retention_cutoff(retention, now)
                 if cutoff is not None:
                     total += await self._purge(queue, state, cutoff)
+            if policy.idle_views is not None:
+                await self.remove_idle_views(queue, now - policy.idle_views)
         self.purged += total
         return total
+
+    async def remove_idle_views(self, queue: int, cutoff: int) -> int:
+        """Remove the queue's empty consumer views with no claim in or out since ``cutoff``
+        (policy ``idle_views``): those of consumers that are gone."""
+        working = self.spool.r.lookup(queue, State.WORKING.value.encode())
+        if working is None:
+            return 0
+        removed = 0
+        for view in self.spool.r.children(working.id):
+            if view.kind != "consumer" or view.mtime_ns > cutoff:
+                continue
+            if self.spool.r.page(view.id, 0, 1):
+                continue  # claims in it: a consumer holds them, or their leases will end
+            where = self.spool.path_of(view.id)
+            if await self.spool.remove_idle_view(view):
+                removed += 1
+                idle = show_duration(max(self.clock() - view.mtime_ns, 0))
+                log.info("consumer view %s removed: empty, no claim in or out for %s", where,
+                         idle)
+        return removed
 
     async def _purge(self, queue: int, state: State, cutoff: int) -> int:
         old = self.spool.r.finished_before(queue, state, cutoff, BATCH)

@@ -55,9 +55,10 @@ def snapshot(r: ReadTx, where: str | Place, policy_of: PolicyOf, now: int | None
         }
         working = next((c for c in r.children(q.id) if c.name == b"working"), None)
         for c in r.children(working.id) if working is not None else []:
-            if c.kind == "consumer":
+            if c.kind == "consumer":  # a view's time moves with every claim in or out of it
                 queues[q.id]["consumers"][c.name.decode(errors="replace")] = {
-                    "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None}
+                    "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None,
+                    "last_activity_age_s": _age(now, c.mtime_ns)}
     for qid, state, consumer, count, size, oldest, lease, abandoned, waiting in r.stats():
         shown = queues.get(qid)
         if shown is None:
@@ -72,7 +73,8 @@ def snapshot(r: ReadTx, where: str | Place, policy_of: PolicyOf, now: int | None
         shown["waiting_retry"] += waiting or 0
         if state == "working":
             c = shown["consumers"].setdefault(consumer or "", {
-                "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None})
+                "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None,
+                "last_activity_age_s": None})
             c["in_flight"] += count
             c["oldest_claim_age_s"] = age
             c["next_lease_end_s"] = None if lease is None else round((lease - now) / NS, 3)
