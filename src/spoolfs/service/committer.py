@@ -32,6 +32,7 @@ from typing import Any, TypeVar, cast
 import trio
 
 from spoolfs.core.errors import StoreFailure
+from spoolfs.service.moves import MOVED
 from spoolfs.service.timings import TIMINGS
 from spoolfs.store.base import Store, StoreBusy, WriteTx
 
@@ -51,8 +52,32 @@ class _Request:
         self.batch = 0  # the number of the batch it committed in
 
 
+class _Moved:
+    """A function's result and the transitions it applied (``moves.MOVED``)."""
+
+    __slots__ = ("value", "moved")
+
+    def __init__(self, value: Any, moved: list[tuple[str, int | None]]) -> None:
+        self.value = value
+        self.moved = moved
+
+
+def _recording(fn: Callable[[WriteTx], Any]) -> Callable[[WriteTx], _Moved]:
+    def run(tx: WriteTx) -> _Moved:
+        moved: list[tuple[str, int | None]] = []
+        token = MOVED.set(moved)
+        try:
+            return _Moved(fn(tx), moved)
+        finally:
+            MOVED.reset(token)
+
+    return run
+
+
 class Committer:
     def __init__(self, store: Store, limiter: trio.CapacityLimiter | None = None) -> None:
+        #: a queue's name for the transition counters (the spool sets it)
+        self.queue_name: Callable[[int | None], str] = lambda queue: str(queue)
         self.store = store
         #: the worker threads a networked store's calls may take at once (its pool's size)
         self.limiter = limiter
@@ -78,10 +103,10 @@ class Committer:
             raise StoreFailure("the spool is shutting down")
         if not self._running:
             # Before the loop runs (recovery, tests): commit directly.
-            ok, value = self.store.run_batch([fn], durable)[0]
+            ok, value = self.store.run_batch([_recording(fn)], durable)[0]
             if not ok:
                 raise value
-            return cast(T, value)
+            return cast(T, self._counted(value))
         req = _Request(fn, durable)
         self._queue.append(req)
         if self._leading:
@@ -154,7 +179,7 @@ class Committer:
 
     async def _commit(self, batch: list[_Request]) -> None:
         durable = any(r.durable for r in batch) and not self.store.deferred_sync
-        fns = [r.fn for r in batch]
+        fns = [_recording(r.fn) for r in batch]
         start = perf_counter_ns()
         try:
             if self.store.blocking:  # a database server: the loop keeps answering meanwhile
@@ -175,8 +200,15 @@ class Committer:
         self._committed = self.batches
         TIMINGS.commit(perf_counter_ns() - start, len(batch))
         for req, (ok, value) in zip(batch, results, strict=False):
-            req.ok, req.value, req.batch = ok, value, self.batches
+            req.ok, req.value, req.batch = ok, self._counted(value) if ok else value, \
+                self.batches
             req.done.set()
+
+    def _counted(self, result: _Moved) -> Any:
+        """Count a committed function's transitions; its own result."""
+        for action, queue in result.moved:
+            TIMINGS.moved(action, self.queue_name(queue))
+        return result.value
 
     def close(self) -> None:
         """No new requests; the batch under way still commits and answers."""

@@ -8,12 +8,17 @@ history's actions are exactly the table's.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from spoolfs.core import rules
 from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context, fields_of, transition
 from spoolfs.store.base import Entry, WriteTx
+
+#: the moves of the transaction function running now, as (action, queue id): the committer
+#: counts them once their transaction has committed (service/committer.py)
+MOVED: ContextVar[list[tuple[str, int | None]] | None] = ContextVar("moved", default=None)
 
 #: who asked: (uid, pid) of the caller; (None, None) for the daemon's own moves
 By = tuple[int | None, int | None]
@@ -45,6 +50,7 @@ def apply(tx: WriteTx, cur: Entry, action: Action, to: State | None, ctx: Contex
                 return False
         else:
             tx.update(cur.id, **fields)
+    _record(action, extra.get("queue", cur.queue), fields)
     if not history:
         return True
     if dst is None and to is not None:
@@ -61,7 +67,17 @@ def make(tx: WriteTx, action: Action, to: State, ctx: Context, by: By, *,
     """In a transaction: a new message (an upload, a link, a subscriber's copy) made by
     ``action`` in state ``to``; ``row`` are its own fields (name, content, owner, ...). A
     plain upload is not in the history (``history=False``): it is no transition yet."""
-    e = tx.insert(state=to, **row, **fields_of(transition(action, to), None, ctx))
+    fields = fields_of(transition(action, to), None, ctx)
+    e = tx.insert(state=to, **row, **fields)
+    _record(action, row.get("queue"), fields)
     if history:
         tx.add_history(e.id, ctx.now, action.value, src, to.value, by[0], by[1], why)
     return e
+
+
+def _record(action: Action, queue: int | None, fields: dict[str, Any]) -> None:
+    moved = MOVED.get()
+    if moved is not None:
+        moved.append((action.value, queue))
+        if fields.get("abandoned"):
+            moved.append(("abandon", queue))

@@ -93,6 +93,8 @@ class SpoolCore:
         #: large upload never holds up a claim
         self.limiter = trio.CapacityLimiter(STORE_THREADS)
         self.committer = Committer(store, trio.CapacityLimiter(1))
+        self.committer.queue_name = self._queue_name
+        self._queue_names: dict[int, str] = {}
         self.clock = clock
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here
         self._open: dict[int, int] = {}  # entry id -> open handles here (they hold a lease)
@@ -116,6 +118,18 @@ class SpoolCore:
 
     async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         return await self.committer.submit(fn, durable)
+
+    def _queue_name(self, queue: int | None) -> str:
+        """A queue's name for the metrics (looked up once per queue; "" for none)."""
+        if queue is None:
+            return ""
+        name = self._queue_names.get(queue)
+        if name is None:
+            e = self.r.get(queue)
+            name = e.name.decode(errors="replace") if e is not None else str(queue)
+            if len(self._queue_names) < 10_000:
+                self._queue_names[queue] = name
+        return name
 
     def get(self, entry_id: int) -> Entry:
         e = self.r.get(entry_id)

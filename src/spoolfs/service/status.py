@@ -184,10 +184,30 @@ class _Collector:
                                 value=d["free_inodes"])
 
 
+class Families:
+    """A collector of metric families gathered earlier (on the event loop): what an exporter
+    thread serializes without touching the daemon's state."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self.families)
+
+
+def families(snap: dict[str, Any]) -> list[Any]:
+    """The snapshot's gauges and this daemon's counters and histograms (service/timings.py),
+    as prometheus_client metric families."""
+    return [*_Collector(snap).collect(), *TIMINGS.collect()]
+
+
+def registry_of(snap: dict[str, Any]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families(families(snap)))
+    return registry
+
+
 def metrics(snap: dict[str, Any]) -> bytes:
     """The snapshot in the Prometheus text exposition format, with this daemon's request and
     commit figures (service/timings.py)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(snap))
-    registry.register(TIMINGS)
-    return generate_latest(registry)
+    return generate_latest(registry_of(snap))

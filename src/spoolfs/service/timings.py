@@ -52,6 +52,8 @@ class Timings:
         self.commits = Latency()
         self.committed_requests = 0
         self.syncs = Latency()
+        #: (action, queue name) -> transitions committed; "abandon" counts abandoned messages
+        self.transitions: dict[tuple[str, str], int] = {}
 
     def request(self, op: str, ns: int) -> None:
         lat = self.ops.get(op)
@@ -61,6 +63,10 @@ class Timings:
 
     def refused(self, op: str, code: str) -> None:
         self.errors[op, code] = self.errors.get((op, code), 0) + 1
+
+    def moved(self, action: str, queue: str) -> None:
+        key = (action, queue)
+        self.transitions[key] = self.transitions.get(key, 0) + 1
 
     def commit(self, ns: int, requests: int) -> None:
         self.commits.add(ns)
@@ -100,6 +106,27 @@ class Timings:
                                       "the log, making every commit before it durable)")
         syncs.add_metric([], self.syncs.cumulative(), self.syncs.total_ns / 1e9)
         yield from (requests, errors, latency, commits, batched, syncs)
+        yield from self._transitions()
+
+    #: counters of their own for what dashboards ask most (also in spoolfs_transitions_total)
+    _OWN = {"expire": ("spoolfs_lease_expiries", "Claims whose lease ran out (moved to error/)"),
+            "retry": ("spoolfs_retries", "Messages sent back from error/ to ready/ for a retry"),
+            "abandon": ("spoolfs_abandoned_messages", "Messages abandoned in error/ (out of "
+                        "attempts)")}
+
+    def _transitions(self) -> Iterator[Any]:
+        moves = CounterMetricFamily("spoolfs_transitions", "Transitions committed by this "
+                                    "daemon, per action of the transition table and queue",
+                                    labels=["action", "queue"])
+        own = {a: CounterMetricFamily(name, text, labels=["queue"])
+               for a, (name, text) in self._OWN.items()}
+        for (action, queue), n in sorted(self.transitions.items()):
+            if action in own:
+                own[action].add_metric([queue], n)
+            if action != "abandon":
+                moves.add_metric([action, queue], n)
+        yield moves
+        yield from own.values()
 
 
 #: this daemon's figures (one daemon per process)
