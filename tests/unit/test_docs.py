@@ -9,6 +9,7 @@ When a rule changes, print the tables to paste into docs/design.md with:
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import subprocess
@@ -25,6 +26,8 @@ README = ROOT / "README.md"
 DESIGN = ROOT / "docs" / "design.md"
 ERRNO = ROOT / "docs" / "errno.md"
 CLI = ROOT / "docs" / "cli.md"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
+DASHBOARD = ROOT / "mount-examples" / "grafana-dashboard.json"
 CI = ROOT / ".ci" / "run"
 EXAMPLES = ROOT / "mount-examples"
 REFUSED = "EPERM"
@@ -251,3 +254,27 @@ def test_docs_name_no_machine_specific_paths() -> None:
 
 if __name__ == "__main__":
     print(render())
+
+
+def test_metrics_doc_is_made_from_the_metric_families() -> None:
+    from spoolfs.service import metricsdoc
+
+    assert METRICS_DOC.read_text() == metricsdoc.render(), \
+        "docs/metrics.md differs: python -m spoolfs.service.metricsdoc > docs/metrics.md"
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_that_exist() -> None:
+    """Every query names exposed metrics; the questions of an operator each have a panel."""
+    from spoolfs.service import metricsdoc
+
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    named = {m for e in exprs for m in re.findall(r"\bspoolfs_[a-z0-9_]+", e)}
+    assert named <= metricsdoc.exposed_names(), named - metricsdoc.exposed_names()
+    assert {"spoolfs_transitions_total", "spoolfs_lease_expiries_total", "spoolfs_retries_total",
+            "spoolfs_abandoned_messages_total", "spoolfs_fuse_errors_total",
+            "spoolfs_fuse_request_seconds_bucket", "spoolfs_commit_seconds_bucket",
+            "spoolfs_messages", "spoolfs_disk_free_bytes"} <= named
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "queue"}
