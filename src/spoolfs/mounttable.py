@@ -67,11 +67,11 @@ def daemon_pid(mountpoint: str) -> int | None:
 
 
 def answers(mountpoint: str, timeout: float = 2.0) -> bool:
-    """Whether the mount answers a stat: a dead one says ENOTCONN at once, one whose
-    connection a stuck thread of a dead daemon holds never answers (the probe is a process of
-    its own, killed at the timeout)."""
+    """Whether the mount answers a statfs (never answered from the kernel's caches, unlike a
+    stat): a dead one says ENOTCONN at once, one whose connection a stuck thread of a dead
+    daemon holds never answers (the probe is a process of its own, killed at the timeout)."""
     try:
-        res = subprocess.run(["stat", "-c", "%i", "--", mountpoint], capture_output=True,
+        res = subprocess.run(["stat", "-f", "-c", "%b", "--", mountpoint], capture_output=True,
                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return False

@@ -94,3 +94,20 @@ async def test_the_servers_descriptor_holds_no_lease(env: tuple[Spool, Q]) -> No
     await spool.close(local, WHO)
     await spool.close(served, Who())
     assert not spool.holds(e.id)
+
+
+async def test_the_server_may_open_published_content_for_writing_but_not_write(
+        env: tuple[Spool, Q]) -> None:
+    """nfs-ganesha opens a file read-write to set its times (a client's touch of its claim):
+    the open succeeds, a write through it is refused, the content never changes."""
+    spool, q = env
+    e, h = await spool.create(q[State.READY], b"f", 0o644, WHO)
+    spool.write(h, 0, b"sealed")
+    await spool.close(h, WHO)
+    with pytest.raises(NotPermitted):
+        await spool.open(e.id, True, False, WHO)  # a local writer is refused at open
+    served = await spool.open(e.id, True, False, NFS)
+    with pytest.raises(NotPermitted):
+        spool.write(served, 0, b"changed")
+    await spool.close(served, Who())
+    assert content(spool, e.id) == b"sealed"

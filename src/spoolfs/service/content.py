@@ -70,7 +70,8 @@ class Handle:
         return os.pread(self.fd, size, off)
 
     def write(self, off: int, buf: bytes) -> int:
-        assert self.fd is not None and self.writable
+        if not self.writable or self.fd is None:
+            raise NotPermitted("published content is immutable")
         if self.done:
             raise NotPermitted("this upload was already published when its opener closed it")
         try:

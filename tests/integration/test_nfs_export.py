@@ -1,0 +1,225 @@
+"""A spool exported over NFS (``-o nfs_export``) by nfs-ganesha, used by NFS clients (libnfs,
+NFSv3 and v4) next to local consumers: publish by rename and by create, claims exactly once,
+leases kept only by what a client does, and a daemon restart under the export."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers.mounts import Mount, MountFactory
+from helpers.nfs import NfsServer
+from helpers.nfsclient import NfsClient
+from helpers.procs import process_exited, spoolfs_cli
+from helpers.queues import Queue
+from helpers.waiting import patience, wait_until
+
+pytestmark = pytest.mark.fuse
+
+#: messages published over NFS by rename, and as many by create (SPOOLFS_NFS_FILES)
+FILES = int(os.environ.get("SPOOLFS_NFS_FILES", "300"))
+
+
+@pytest.fixture
+def exported(mounter: MountFactory, tmp_path: Path) -> Iterator[tuple[Mount, NfsServer, Queue]]:
+    m = mounter(tmp_path / "store", tmp_path / "mnt", extra=["-o", "nfs_export"])
+    q = Queue.create(m.path, "q", tmp_path / "scratch")
+    server = NfsServer(m.path, tmp_path / "ganesha").start()
+    try:
+        yield m, server, q
+    finally:
+        server.close()
+
+
+def _body(name: str) -> bytes:
+    return (name + "\n").encode() * 50
+
+
+def _fsck_clean(m: Mount) -> None:
+    res = spoolfs_cli("fsck", str(m.store))
+    assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_publish_by_rename_and_by_create_appear_at_once(
+        exported: tuple[Mount, NfsServer, Queue], version: int) -> None:
+    m, server, q = exported
+    c = server.client(version)
+    try:
+        c.write_file("q/partial/renamed", _body("renamed"))
+        c.rename("q/partial/renamed", "q/ready/renamed")
+        assert (q.ready / "renamed").read_bytes() == _body("renamed")  # at once, whole
+        c.write_file("q/ready/created", _body("created"))
+        assert (q.ready / "created").read_bytes() == _body("created")
+        assert sorted(os.listdir(q.ready)) == ["created", "renamed"]
+        assert sorted(c.listdir("q/ready")) == ["created", "renamed"]
+        res = spoolfs_cli("status", str(m.path), "--json")
+        assert b'"count": 2' in res.stdout
+    finally:
+        c.close()
+    _fsck_clean(m)
+
+
+def test_an_unsynced_create_is_no_ghost(exported: tuple[Mount, NfsServer, Queue]) -> None:
+    """A create the client was told succeeded appears whole once the server lets go of it;
+    never an empty message the client was told failed."""
+    m, server, q = exported
+    c = server.client(3)
+    try:
+        c.write_file("q/ready/late", _body("late"), sync=False)
+    finally:
+        c.close()
+    wait_until(lambda: (q.ready / "late").exists(), timeout=30,
+               what="the server to close its descriptor and the create to appear")
+    assert (q.ready / "late").read_bytes() == _body("late")
+
+
+def _consume(claim: object, name: str, log: list[tuple[str, str, bytes]]) -> None:
+    """The seed's loop: list ready/, claim each name by rename into the own view, read it,
+    work on it, finish it. ``claim`` is an NfsClient or a local mount path."""
+    if isinstance(claim, NfsClient):
+        c = claim
+        c.mkdir(f"q/working/{name}")
+        listdir, rename, read = c.listdir, c.rename, c.read_file
+        base = ""
+    else:
+        base = f"{claim}/"
+        os.mkdir(f"{base}q/working/{name}")
+        listdir, rename = os.listdir, os.rename
+
+        def read(p: str) -> bytes:
+            with open(p, "rb") as f:
+                return f.read()
+    order = random.Random(name)
+    while True:
+        names = listdir(f"{base}q/ready")
+        if not names:
+            return
+        order.shuffle(names)  # consumers meet on some names, not on every one
+        for n in names:
+            try:
+                rename(f"{base}q/ready/{n}", f"{base}q/working/{name}/{n}")
+            except OSError as e:
+                if e.errno == errno.ENOENT:
+                    continue  # another consumer won it
+                raise
+            log.append((name, n, read(f"{base}q/working/{name}/{n}")))
+            time.sleep(0.002)  # the work: a local consumer would otherwise take everything
+            rename(f"{base}q/working/{name}/{n}", f"{base}q/success/{n}")
+
+
+def test_claims_are_exactly_once_over_nfs_and_local(
+        exported: tuple[Mount, NfsServer, Queue]) -> None:
+    m, server, q = exported
+    producer3, producer4 = server.client(3), server.client(4)
+    try:
+        for i in range(FILES):
+            producer3.write_file(f"q/partial/r{i:05d}", _body(f"r{i:05d}"))
+            producer3.rename(f"q/partial/r{i:05d}", f"q/ready/r{i:05d}")
+            producer4.write_file(f"q/ready/c{i:05d}", _body(f"c{i:05d}"))
+    finally:
+        producer3.close()
+        producer4.close()
+    expected = {f"{k}{i:05d}" for i in range(FILES) for k in "rc"}
+    assert set(os.listdir(q.ready)) == expected  # none invisible, no ghost
+    log: list[tuple[str, str, bytes]] = []
+    clients = [server.client(v) for v in (3, 4, 3, 4)]
+    errors: list[BaseException] = []
+
+    def run(who: object, name: str) -> None:
+        try:
+            _consume(who, name, log)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(c, f"nfs{i}")) for i, c in enumerate(clients)]
+    threads += [threading.Thread(target=run, args=(m.path, f"local{i}")) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=patience(600))
+    for c in clients:
+        c.close()
+    assert not errors, errors
+    claimed = Counter(n for _, n, _ in log)
+    assert set(claimed) == expected and max(claimed.values()) == 1
+    assert all(data == _body(n) for _, n, data in log)
+    assert {who[:3] for who, _, _ in log} == {"nfs", "loc"}, "both kinds of consumer claimed"
+    assert set(os.listdir(q.path / "success")) == expected
+    assert os.listdir(q.ready) == []
+    assert all(os.listdir(v) == [] for v in (q.working / d for d in os.listdir(q.working)))
+    _fsck_clean(m)
+
+
+def test_the_claim_of_a_client_that_stops_expires(exported: tuple[Mount, NfsServer, Queue]
+                                                  ) -> None:
+    """The server keeps a descriptor on what a client read: that holds no lease. A client
+    that touches its claim keeps it; one that stops loses it within its lease."""
+    m, server, q = exported
+    res = spoolfs_cli("queue", "set", str(q.path), "lease_timeout=3s")
+    assert res.returncode == 0, res.stderr
+    q.publish("kept")
+    q.publish("dropped")
+    keeper, quitter = server.client(4), server.client(3)
+    keeper.mkdir("q/working/keeper")
+    quitter.mkdir("q/working/quitter")
+    keeper.rename("q/ready/kept", "q/working/keeper/kept")
+    quitter.rename("q/ready/dropped", "q/working/quitter/dropped")
+    assert quitter.read_file("q/working/quitter/dropped").startswith(b"dropped")
+    quitter.close()  # the client stops; the server may still hold the file open
+    end = time.monotonic() + 8
+    while time.monotonic() < end:  # more than two leases
+        keeper.touch("q/working/keeper/kept")
+        time.sleep(0.5)
+    assert os.listdir(q.working / "keeper") == ["kept"]
+    assert "dropped" not in os.listdir(q.working / "quitter")
+    keeper.close()
+    assert "lease expired" in spoolfs_cli("history", str(q.ready / "dropped")
+                                          if (q.ready / "dropped").exists()
+                                          else str(q.path / "error" / "dropped")
+                                          ).stdout.decode()
+
+
+def test_a_daemon_restart_under_the_export(exported: tuple[Mount, NfsServer, Queue]) -> None:
+    """kill -9 of the daemon: clients get errors. In the README's order (stop the NFS server,
+    ``spoolfs umount``, which detaches the dead mount, mount again, start the server) the same
+    client goes on with the file handles it had."""
+    m, server, q = exported
+    c = server.client(3)
+    try:
+        c.write_file("q/ready/before", _body("before"))
+        pid = m.pid
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: process_exited(pid), timeout=10, what="the daemon to die")
+        with pytest.raises(OSError):
+            c.listdir("q/ready")
+        server.stop()
+        res = spoolfs_cli("umount", str(m.path))
+        assert res.returncode == 0 and b"detached" in res.stdout, res.stderr
+        m.start()
+        server.start()
+        assert wait_until(lambda: _listing(c, "q/ready"), timeout=30,
+                          what="the client to see the spool again") == ["before"]
+        assert c.read_file("q/ready/before") == _body("before")
+        c.write_file("q/ready/after", _body("after"))
+        assert sorted(os.listdir(q.ready)) == ["after", "before"]
+    finally:
+        c.close()
+    _fsck_clean(m)
+
+
+def _listing(c: NfsClient, path: str) -> list[str] | None:
+    try:
+        return sorted(c.listdir(path))
+    except OSError:
+        return None
+
