@@ -56,6 +56,26 @@ async def test_every_refusal_is_its_errno_and_one_log_line(
         in lines[0]
 
 
+async def test_a_refusal_whose_paths_cannot_be_read_is_still_its_errno(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The store gone (a database stopped): the refusal's log line cannot name paths, and
+    must still be a line and the errno, not an exception out of the handler (which would end
+    the FUSE session and fail every later request with ECONNABORTED)."""
+    def refuse(parent: int, name: bytes, who: object = None) -> None:
+        raise errors.StoreFailure("database unavailable")
+
+    def unreadable(*args: object) -> None:
+        raise errors.StoreFailure("database unavailable")
+
+    monkeypatch.setattr(fs.spool, "find", refuse)
+    monkeypatch.setattr(fs.spool, "path_of", unreadable)
+    with caplog.at_level(logging.INFO, logger=ops_module.__name__):
+        assert await _errno_of(fs.ops.lookup(fs[State.READY], b"m", Ctx())) == errno.EIO
+    lines = [r.getMessage() for r in caplog.records if r.name == ops_module.__name__]
+    assert len(lines) == 1 and lines[0].startswith("refused lookup(inode "), lines
+    assert "/m): EIO (database unavailable)" in lines[0]
+
+
 async def test_a_missing_name_is_a_cached_negative_entry_without_a_log_line(
         fs: Fs, caplog: pytest.LogCaptureFixture) -> None:
     # the kernel looks names up before every create: a missing name is not news, and the

@@ -170,10 +170,14 @@ class Operations(pyfuse3.Operations):
         return ", ".join(p or "/" for p in shown)
 
     def _path(self, ino: int) -> str:
-        """Where inode ``ino`` is in this mount (``q/ready/a``; ``""`` for its root)."""
+        """Where inode ``ino`` is in this mount (``q/ready/a``; ``""`` for its root), or its
+        number when the store cannot say (a database gone: the refusal is logged still)."""
         if virtual.is_virtual(ino):
             return virtual.DIR_NAME.decode() if ino == virtual.DIR else ".spool/…"
-        path = self.spool.path_of(self._sid(ino), self.root_id)
+        try:
+            path = self.spool.path_of(self._sid(ino), self.root_id)
+        except SpoolError:
+            return f"inode {ino}"
         return path if path is not None else f"inode {ino} (gone)"
 
     @staticmethod
