@@ -524,7 +524,7 @@ DEFAULTS = {"lease_timeout": "10m", "max_attempts": "5", "retry_backoff": "0s",
             "error_retention": "forever", "fanout": "none", "duplicates": "allow",
             "duplicates_window": "7d", "max_age.partial": "none", "max_age.ready": "none",
             "max_age.working": "none", "max_error": "none", "max_working_per_consumer": "none",
-            "min_free": "auto"}
+            "min_free": "auto", "idle_views": "off"}
 
 
 def test_queue_policies(mounter: MountFactory, store: Path, tmp_path: Path) -> None:

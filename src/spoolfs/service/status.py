@@ -197,8 +197,9 @@ class Families:
 
 def families(snap: dict[str, Any]) -> list[Any]:
     """The snapshot's gauges and this daemon's counters and histograms (service/timings.py),
-    as prometheus_client metric families."""
-    return [*_Collector(snap).collect(), *TIMINGS.collect()]
+    as prometheus_client metric families: per-queue figures only of the snapshot's queues
+    (a user's snapshot holds the queues it may enter, and nothing of the others shows)."""
+    return [*_Collector(snap).collect(), *TIMINGS.collect(queues=snap["queues"])]
 
 
 def registry_of(snap: dict[str, Any]) -> CollectorRegistry:

@@ -9,7 +9,7 @@ cheap enough for every request.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -83,8 +83,9 @@ class Timings:
                             "requests": self.committed_requests},
                 "syncs": {"count": self.syncs.count, "seconds": self.syncs.total_ns / 1e9}}
 
-    def collect(self) -> Iterator[Any]:
-        """The prometheus_client collector protocol."""
+    def collect(self, queues: Container[str] | None = None) -> Iterator[Any]:
+        """The prometheus_client collector protocol; with ``queues``, per-queue figures of
+        those queues only (what the reader may see)."""
         requests = CounterMetricFamily("spoolfs_fuse_requests", "FUSE requests answered, per "
                                        "operation", labels=["op"])
         errors = CounterMetricFamily("spoolfs_fuse_errors", "FUSE requests answered with an "
@@ -106,7 +107,7 @@ class Timings:
                                       "the log, making every commit before it durable)")
         syncs.add_metric([], self.syncs.cumulative(), self.syncs.total_ns / 1e9)
         yield from (requests, errors, latency, commits, batched, syncs)
-        yield from self._transitions()
+        yield from self._transitions(queues)
 
     #: counters of their own for what dashboards ask most (also in spoolfs_transitions_total)
     _OWN = {"expire": ("spoolfs_lease_expiries", "Claims whose lease ran out (moved to error/)"),
@@ -114,13 +115,15 @@ class Timings:
             "abandon": ("spoolfs_abandoned_messages", "Messages abandoned in error/ (out of "
                         "attempts)")}
 
-    def _transitions(self) -> Iterator[Any]:
+    def _transitions(self, queues: Container[str] | None) -> Iterator[Any]:
         moves = CounterMetricFamily("spoolfs_transitions", "Transitions committed by this "
                                     "daemon, per action of the transition table and queue",
                                     labels=["action", "queue"])
         own = {a: CounterMetricFamily(name, text, labels=["queue"])
                for a, (name, text) in self._OWN.items()}
         for (action, queue), n in sorted(self.transitions.items()):
+            if queues is not None and queue not in queues:
+                continue
             if action in own:
                 own[action].add_metric([queue], n)
             if action != "abandon":
