@@ -223,3 +223,31 @@ def _listing(c: NfsClient, path: str) -> list[str] | None:
     except OSError:
         return None
 
+
+
+def test_removed_names_can_be_created_again_over_nfs4(
+        exported: tuple[Mount, NfsServer, Queue]) -> None:
+    """Messages finished and removed (locally, or by the client) free their names: an NFSv4
+    client that created them creates them again (the server must not answer with the removed entries' handles,
+    NFS4ERR_STALE)."""
+    m, server, q = exported
+    names = [f"again{i:02d}" for i in range(20)]
+    c = server.client(4)
+    try:
+        for round_ in range(3):
+            for n in names:
+                c.write_file(f"q/ready/{n}", _body(f"{n}.{round_}"))
+            assert sorted(c.listdir("q/ready")) == names
+            os.mkdir(q.working / f"local{round_}")
+            for n in names:
+                os.rename(q.ready / n, q.working / f"local{round_}" / n)
+                assert (q.working / f"local{round_}" / n).read_bytes() == _body(f"{n}.{round_}")
+                os.rename(q.working / f"local{round_}" / n, q.path / "success" / n)
+                if round_ % 2:
+                    c.unlink(f"q/success/{n}")  # removed by the client that made it
+                else:
+                    os.unlink(q.path / "success" / n)
+            assert c.listdir("q/ready") == [] and c.listdir("q/success") == []
+    finally:
+        c.close()
+    _fsck_clean(m)
