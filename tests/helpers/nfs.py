@@ -20,10 +20,18 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "mount-examples" / "ganesha.conf"
 GANESHA = "/usr/bin/ganesha.nfsd"
 PSEUDO = "/spool"
+LOOPBACK = "127.0.0.1"
 
 
-def _running(name: str) -> bool:
-    return subprocess.run(["pgrep", "-x", name], capture_output=True).returncode == 0
+def pids(name: str) -> list[int]:
+    """The processes named ``name`` (pgrep -x)."""
+    found = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout
+    return [int(p) for p in found.split()]
+
+
+def client(version: int, timeout_ms: int = 20000) -> NfsClient:
+    """A client of the export on loopback, speaking NFS ``version``."""
+    return NfsClient(LOOPBACK, PSEUDO, version, timeout_ms=timeout_ms)
 
 
 def config_for(export: Path) -> str:
@@ -47,9 +55,9 @@ class NfsServer:
         if not os.path.exists(GANESHA):
             raise AssertionError("nfs-ganesha is not installed: apt-get install nfs-ganesha "
                                  "nfs-ganesha-vfs rpcbind libnfs-utils")
-        if _running("ganesha.nfsd"):
+        if pids("ganesha.nfsd"):
             raise AssertionError("another ganesha.nfsd runs (port 2049 is taken)")
-        if not _running("rpcbind"):
+        if not pids("rpcbind"):
             self._rpcbind = subprocess.Popen(["rpcbind", "-f", "-w"],
                                              stdout=subprocess.DEVNULL,
                                              stderr=subprocess.DEVNULL)
@@ -65,7 +73,7 @@ class NfsServer:
             if self.proc.poll() is not None:
                 raise AssertionError(f"ganesha.nfsd exited {self.proc.returncode}\n{self.tail()}")
             try:
-                NfsClient("127.0.0.1", PSEUDO, 3, timeout_ms=2000).close()
+                client(3, timeout_ms=2000).close()
                 return self
             except OSError as e:
                 last = e
@@ -78,7 +86,7 @@ class NfsServer:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def client(self, version: int) -> NfsClient:
-        return NfsClient("127.0.0.1", PSEUDO, version)
+        return client(version)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL; its descriptors in the mount are closed once it is gone."""
@@ -90,10 +98,6 @@ class NfsServer:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
     def close(self) -> None:
         self.stop()

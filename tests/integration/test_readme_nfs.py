@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers.namespace import Namespace
+from helpers.nfs import LOOPBACK, client, pids
 from helpers.nfsclient import NfsClient
 from helpers.procs import process_exited, watch_daemon
 from helpers.waiting import wait_until
@@ -44,14 +45,10 @@ def blocks() -> list[list[str]]:
     return [b.strip().splitlines() for b in re.findall(r"```sh\n(.*?)```", section(), re.S)]
 
 
-def _running(name: str) -> bool:
-    return subprocess.run(["pgrep", "-x", name], capture_output=True).returncode == 0
-
-
 @pytest.fixture
 def ns(tmp_path: Path) -> Iterator[Namespace]:
-    assert not _running("ganesha.nfsd"), "another ganesha.nfsd runs (port 2049 is taken)"
-    had_rpcbind = _running("rpcbind")
+    assert not pids("ganesha.nfsd"), "another ganesha.nfsd runs (port 2049 is taken)"
+    had_rpcbind = bool(pids("rpcbind"))
     namespace = Namespace(tmp_path / "sbin", private=PRIVATE)
     try:
         yield namespace
@@ -65,15 +62,14 @@ def ns(tmp_path: Path) -> Iterator[Namespace]:
 
 def follow(ns: Namespace, lines: list[str], cwd: Path) -> None:
     for line in lines:
-        res = ns.shell(line.replace("SERVER", "127.0.0.1"), cwd=cwd)
+        res = ns.shell(line.replace("SERVER", LOOPBACK), cwd=cwd)
         assert res.returncode == 0, f"README line {line!r} exited {res.returncode}:\n" \
                                     f"{res.stdout}{res.stderr}"
     # The daemons these lines started are orphans the test process adopts (it is their
     # subreaper): reap them when they exit, as init would, or they would linger as zombies
     # that pgrep still finds.
     for name in ("spoolfs", "ganesha.nfsd", "rpcbind"):
-        found = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout
-        for pid in map(int, found.split()):
+        for pid in pids(name):
             watch_daemon(pid)
 
 
@@ -89,35 +85,35 @@ def _client_sees(c: NfsClient, path: str) -> list[str] | None:
 
 
 def test_the_readme_nfs_section_word_for_word(ns: Namespace, tmp_path: Path) -> None:
-    server, client, restart = blocks()
-    follow(ns, server, cwd=ROOT)
+    server_lines, client_lines, restart_lines = blocks()
+    follow(ns, server_lines, cwd=ROOT)
     assert "fuse.spoolfs" in ns.ok("findmnt", "-n", "-o", "FSTYPE", "/mnt/spool")
     assert "nfs_export" in ns.ok("ps", "-o", "args=", "-C", "spoolfs")
     # a client that mounted before anything below happens, and stays
-    old3, old4 = NfsClient("127.0.0.1", "/spool", 3), NfsClient("127.0.0.1", "/spool", 4)
+    old3, old4 = client(3), client(4)
     try:
         workdir = tmp_path / "client"
         workdir.mkdir()
-        follow(ns, client, cwd=workdir)
+        follow(ns, client_lines, cwd=workdir)
         assert listing(ns, "/mnt/spool/jobs/ready") == ["job1"]
         assert ns.ok("cat", "/mnt/spool/jobs/ready/job1") == "hello\n"
         old4.mkdir("jobs/working/w1")
         old4.rename("jobs/ready/job1", "jobs/working/w1/job1")  # the claim, over NFSv4
         assert listing(ns, "/mnt/spool/jobs/working/w1") == ["job1"]
 
-        pid = int(ns.ok("pgrep", "-x", "spoolfs").split()[0])
+        pid = pids("spoolfs")[0]
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: process_exited(pid), timeout=10, what="the daemon to die")
         with pytest.raises(OSError):
             old3.listdir("jobs/ready")  # clients see errors
-        follow(ns, restart, cwd=ROOT)
+        follow(ns, restart_lines, cwd=ROOT)
         # ... then go on: the v3 client with the file handles it had. libnfs cannot
         # re-establish an NFSv4 client's state on a new connection ("nfs_service failed"; a
         # kernel client does): the v4 client connects again, and finds its claim where it was.
         assert wait_until(lambda: _client_sees(old3, "jobs/working/w1"), timeout=30,
                           what="the NFSv3 client to see the spool again") == ["job1"]
         old4.close()
-        old4 = NfsClient("127.0.0.1", "/spool", 4)
+        old4 = client(4)
         assert sorted(old4.listdir("jobs/working/w1")) == ["job1"]
         old4.rename("jobs/working/w1/job1", "jobs/success/job1")
         old3.write_file("jobs/ready/after", b"after\n")
