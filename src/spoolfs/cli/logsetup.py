@@ -58,6 +58,11 @@ def stderr_is_journal() -> bool:
         return False
 
 
+#: where a daemonized spoolfs logs (syslog, hence the journal), when it exists
+SYSLOG = "/dev/log"
+#: the syslog tag of each line: the program and its pid, as syslog(3) writes them
+SYSLOG_FORMAT = "spoolfs[%(process)d]: %(levelname)s %(message)s"
+
 QUIET_LIBRARIES = ("botocore", "boto3", "urllib3", "s3transfer", "psycopg", "psycopg.pool")
 
 
@@ -75,10 +80,10 @@ def setup(level: str, log_file: str | None, foreground: bool) -> None:
             handler.setFormatter(JournalFormatter("%(levelname)s %(name)s: %(message)s"))
         else:
             handler.setFormatter(logging.Formatter(FORMAT))
-    elif os.path.exists("/dev/log"):
+    elif os.path.exists(SYSLOG):
         handler = logging.handlers.SysLogHandler(
-            address="/dev/log", facility=logging.handlers.SysLogHandler.LOG_DAEMON)
-        handler.setFormatter(logging.Formatter("spoolfs[%(process)d]: %(levelname)s %(message)s"))
+            address=SYSLOG, facility=logging.handlers.SysLogHandler.LOG_DAEMON)
+        handler.setFormatter(logging.Formatter(SYSLOG_FORMAT))
     else:
         handler = logging.NullHandler()
     root.addHandler(handler)
