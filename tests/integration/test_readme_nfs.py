@@ -88,7 +88,7 @@ def test_the_readme_nfs_section_word_for_word(ns: Namespace, tmp_path: Path) -> 
     server_lines, client_lines, restart_lines = blocks()
     follow(ns, server_lines, cwd=ROOT)
     assert "fuse.spoolfs" in ns.ok("findmnt", "-n", "-o", "FSTYPE", "/mnt/spool")
-    assert "nfs_export" in ns.ok("ps", "-o", "args=", "-C", "spoolfs")
+    assert "nfs_export" in ns.ok("ps", "-ww", "-o", "args=", "-C", "spoolfs")
     # a client that mounted before anything below happens, and stays
     old3, old4 = client(3), client(4)
     try:
