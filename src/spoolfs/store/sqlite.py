@@ -37,6 +37,12 @@ _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 # The blob's reference count rides along: it is the message's link count.
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
 BUSY_TIMEOUT_MS = 30_000
+#: A new store's page size. A claim changes about a dozen pages (the row, four of its indexes,
+#: two directories' times, a history row), each written whole to the log and synced: with
+#: 1 KiB pages a durable transition puts a quarter of the bytes in the log, and its fsync took
+#: 250-275 µs instead of 330-390 µs here. A store made with another size keeps it (SQLite
+#: fixes the size when the file is created).
+PAGE_SIZE = 1024
 
 
 def raise_if_full(e: BaseException, reserve: Reserve | None) -> None:
@@ -61,6 +67,7 @@ def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                            timeout=BUSY_TIMEOUT_MS / 1000)
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # before WAL: only a new file takes it
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
