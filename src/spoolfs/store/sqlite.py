@@ -230,12 +230,15 @@ class SqliteWrite(SqliteRead, WriteTx):
              **fields: Any) -> bool:
         sets, vals = _fields(fields)
         sets = f"parent=?, name=?{', ' + sets if sets else ''}"
-        was_hidden = self._hidden(entry_id)
-        cur = self.conn.execute(
-            f"UPDATE entries SET {sets} WHERE id=? AND parent=? AND name=?",
-            [new_parent, new_name, *vals, entry_id, parent, name])
-        if cur.rowcount != 1:
+        # whether it was hidden: what the update leaves, unless it changes that too
+        was_hidden = self._hidden(entry_id) if "hidden" in fields else None
+        rows = self.conn.execute(
+            f"UPDATE entries SET {sets} WHERE id=? AND parent=? AND name=? RETURNING hidden",
+            [new_parent, new_name, *vals, entry_id, parent, name]).fetchall()
+        if len(rows) != 1:
             return False
+        if was_hidden is None:
+            was_hidden = bool(rows[0][0])
         # a hidden upload is no name in its directory: it leaves or arrives unseen
         self._dir_changed(None if was_hidden else parent,
                           None if fields.get("hidden", was_hidden) else new_parent)
