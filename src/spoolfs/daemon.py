@@ -109,6 +109,8 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None,
                          nfs_export=NFS_EXPORT in options)
+        # the kernel sets a mount's read-ahead when it gets the reply to INIT: after that
+        ops.after_init = functools.partial(_tune_read_ahead, os.path.abspath(mountpoint))
         opts = fuse_options(place.name, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
@@ -138,6 +140,12 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         place.blobs.close()  # removals of content still queued for a remote store
         store.close()
         log.info("%s unmounted, store closed", mountpoint)
+
+
+def _tune_read_ahead(mountpoint: str) -> None:
+    why = mounttable.set_read_ahead(mountpoint)
+    if why is not None:
+        log.info("%s", why)
 
 
 async def _main(spool: Spool, on_ready: Callable[[], None],

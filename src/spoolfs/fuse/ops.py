@@ -94,6 +94,21 @@ class Operations(pyfuse3.Operations):
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
         spool.on_gone = self._drop_name
         spool.on_stale = self._drop_attributes
+        #: runs once the kernel has the reply to its INIT request (the daemon tunes the mount)
+        self.after_init: Callable[[], None] | None = None
+
+    def init(self) -> None:
+        # Called while INIT is answered; the reply is on its way when the task runs.
+        if self.after_init is not None:
+            trio.lowlevel.spawn_system_task(self._after_init)
+
+    async def _after_init(self) -> None:
+        await trio.lowlevel.checkpoint()
+        try:
+            if self.after_init is not None:
+                self.after_init()
+        except Exception:  # a system task must not raise: that would end the session
+            log.exception("after the kernel's INIT")
 
 
     def _drop_attributes(self, ids: list[int]) -> None:
