@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -11,14 +12,15 @@ import trio
 from helpers.spool import WHO, Q, content, upload  # noqa: E402
 from spoolfs.core.errors import Exists, NotFound, NotPermitted
 from spoolfs.core.rules import State
-from spoolfs.service.content import INLINE_MAX
+from spoolfs.service import content as content_module
+from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.recovery import recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.sqlite import open_store
 
 
-@pytest.mark.parametrize("size", [10, INLINE_MAX + 1])
+@pytest.mark.parametrize("size", [10, INLINE_MAX + 1, OVERLAP_MIN + 1])
 async def test_cycle(env: tuple[Spool, Q], size: int) -> None:
     spool, q = env
     data = os.urandom(size)
@@ -31,6 +33,30 @@ async def test_cycle(env: tuple[Spool, Q], size: int) -> None:
     assert content(spool, mid) == data
     await spool.rename(w1.id, b"f", q[State.SUCCESS], b"f", 0, WHO)
     assert [h[1] for h in spool.r.history(mid)] == ["publish", "claim", "finish"]
+
+
+async def test_a_large_upload_that_cannot_be_synced_is_not_published(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync of a large upload runs beside its hashing; its failure still fails the
+    publish, and the upload stays in partial/ as it was."""
+    spool, q = env
+    data = os.urandom(OVERLAP_MIN * 2)
+    mid = await upload(spool, q[State.PARTIAL], b"f", data)
+    synced = []
+
+    def broken(fd: int) -> None:
+        synced.append(fd)
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(content_module.os, "fsync", broken)
+    with pytest.raises(OSError) as exc:
+        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    monkeypatch.undo()
+    assert exc.value.errno == errno.EIO and synced
+    e = spool.get(mid)
+    assert e.state is State.PARTIAL and e.staged and content(spool, mid) == data
+    await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    assert spool.get(mid).state is State.READY and content(spool, mid) == data
 
 
 async def test_claim_race_one_winner(env: tuple[Spool, Q]) -> None:

