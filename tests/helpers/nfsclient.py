@@ -32,7 +32,7 @@ def _libnfs() -> Any:
             ("nfs_pread", [vp, vp, u64, u64, ctypes.c_void_p], c_int),
             ("nfs_fsync", [vp, vp], c_int), ("nfs_close", [vp, vp], c_int),
             ("nfs_rename", [vp, cp, cp], c_int), ("nfs_unlink", [vp, cp], c_int),
-            ("nfs_mkdir", [vp, cp], c_int),
+            ("nfs_mkdir", [vp, cp], c_int), ("nfs_stat64", [vp, cp, ctypes.c_void_p], c_int),
             ("nfs_utimes", [vp, cp, ctypes.c_void_p], c_int),
             ("nfs_opendir", [vp, cp, pp], c_int), ("nfs_readdir", [vp, vp], vp),
             ("nfs_closedir", [vp, vp], None),
@@ -137,6 +137,15 @@ class NfsClient:
         now = time.time()
         times = (_Timeval * 2)(*[_Timeval(int(now), int(now % 1 * 1e6))] * 2)
         self._check(self.lib.nfs_utimes(self.ctx, self._p(path), times), "setattr", path)
+
+    def exists(self, path: str) -> bool:
+        """``[ -e path ]``: a LOOKUP and GETATTR of ``path`` (False when it is not there)."""
+        st = ctypes.create_string_buffer(256)  # struct nfs_stat_64: 18 64-bit fields
+        try:
+            self._check(self.lib.nfs_stat64(self.ctx, self._p(path), st), "stat", path)
+        except FileNotFoundError:
+            return False
+        return True
 
     def listdir(self, path: str) -> list[str]:
         d = ctypes.c_void_p()

@@ -84,17 +84,18 @@ def test_an_unsynced_create_is_no_ghost(exported: tuple[Mount, NfsServer, Queue]
 
 
 def _consume(claim: object, name: str, log: list[tuple[str, str, bytes]]) -> None:
-    """The seed's loop: list ready/, claim each name by rename into the own view, read it,
-    work on it, finish it. ``claim`` is an NfsClient or a local mount path."""
+    """The seed's loop: list ready/, test each name with ``[ -e ]``, claim it by rename into
+    the own view, read it, work on it, finish it. ``claim`` is an NfsClient or a local mount
+    path."""
     if isinstance(claim, NfsClient):
         c = claim
         c.mkdir(f"q/working/{name}")
-        listdir, rename, read = c.listdir, c.rename, c.read_file
+        listdir, exists, rename, read = c.listdir, c.exists, c.rename, c.read_file
         base = ""
     else:
         base = f"{claim}/"
         os.mkdir(f"{base}q/working/{name}")
-        listdir, rename = os.listdir, os.rename
+        listdir, exists, rename = os.listdir, os.path.exists, os.rename
 
         def read(p: str) -> bytes:
             with open(p, "rb") as f:
@@ -106,6 +107,8 @@ def _consume(claim: object, name: str, log: list[tuple[str, str, bytes]]) -> Non
             return
         order.shuffle(names)  # consumers meet on some names, not on every one
         for n in names:
+            if not exists(f"{base}q/ready/{n}"):
+                continue  # another consumer took it since the listing
             try:
                 rename(f"{base}q/ready/{n}", f"{base}q/working/{name}/{n}")
             except OSError as e:
