@@ -25,10 +25,13 @@ _ESCAPE = re.compile(rb"\\([0-7]{3})")
 class MountEntry:
     point: str
     fstype: str
-    #: the FUSE connection number (the device minor): fusectl's name for it
-    connection: str
     #: MAJOR:MINOR of the mount's device: the kernel's name for its backing device (sysfs)
-    device: str = ""
+    device: str
+
+    @property
+    def connection(self) -> str:
+        """The FUSE connection number (the device minor): fusectl's name for it."""
+        return self.device.partition(":")[2]
 
 
 def find(mountpoint: str) -> MountEntry | None:
@@ -46,8 +49,7 @@ def find(mountpoint: str) -> MountEntry | None:
             continue
         point = os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), fields[4]))
         if point == mountpoint:
-            device = fields[2].decode()
-            found = MountEntry(point, rest[0].decode(), device.partition(":")[2], device)
+            found = MountEntry(point, rest[0].decode(), fields[2].decode())
     return found
 
 

@@ -45,6 +45,14 @@ def _holds(pid: int, ino: int) -> bool:
     return procinfo.holds(pid, ino)
 
 
+async def _after_init(fn: Callable[[], None]) -> None:
+    await trio.lowlevel.checkpoint()
+    try:
+        fn()
+    except Exception:  # a system task must not raise: that would end the session
+        log.exception("after the kernel's INIT")
+
+
 def _guard(fn: F) -> F:
     op = fn.__name__
     params = tuple(inspect.signature(fn).parameters)[1:]  # after self
@@ -100,15 +108,7 @@ class Operations(pyfuse3.Operations):
     def init(self) -> None:
         # Called while INIT is answered; the reply is on its way when the task runs.
         if self.after_init is not None:
-            trio.lowlevel.spawn_system_task(self._after_init)
-
-    async def _after_init(self) -> None:
-        await trio.lowlevel.checkpoint()
-        try:
-            if self.after_init is not None:
-                self.after_init()
-        except Exception:  # a system task must not raise: that would end the session
-            log.exception("after the kernel's INIT")
+            trio.lowlevel.spawn_system_task(_after_init, self.after_init)
 
 
     def _drop_attributes(self, ids: list[int]) -> None:

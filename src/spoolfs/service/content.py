@@ -174,16 +174,16 @@ class Content:
         except OSError as e:
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
         try:
-            overlap = os.fstat(fd).st_size >= max(OVERLAP_MIN, self.inline_max + 1)
+            st = os.fstat(fd)
+            overlap = st.st_size >= max(OVERLAP_MIN, self.inline_max + 1)
             with _syncing(fd) if overlap else nullcontext():
                 sha, size = hash_file(fd)
-            mtime_ns = os.fstat(fd).st_mtime_ns
             data = os.pread(fd, size, 0) if size <= self.inline_max else None
             if data is None and not overlap:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        return Sealed(sha, size, mtime_ns, data, path)
+        return Sealed(sha, size, st.st_mtime_ns, data, path)
 
     def seal_and_store(self, entry_id: int, reserve_id: Callable[[], int],
                        r: ReadTx | None = None) -> Sealed:
