@@ -18,6 +18,7 @@ from spoolfs.core.rules import State
 from spoolfs.fuse import ops as ops_module
 from spoolfs.fuse import virtual
 from spoolfs.service.spool import RENAME_EXCHANGE, RENAME_NOREPLACE
+from spoolfs.service.spool_core import SpoolCore
 
 
 def _spool_errors() -> list[type[errors.SpoolError]]:
@@ -330,3 +331,29 @@ async def test_a_claim_and_finish_through_the_handlers(fs: Fs) -> None:
     await fs.ops.rename(view, b"m", success, b"m", 0, Ctx())
     assert await fs.names(success) == [b"m"]
     assert await fs.read_all(ino) == b"payload"
+
+
+# ---- link counts of shared content -----------------------------------------------------------
+
+async def test_removing_shared_content_tells_the_kernel_of_fresh_counts_only(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Identical content is stored once and ``st_nlink`` counts the messages sharing it, so an
+    ``rm`` of one changes every other's count. The kernel is told of the others whose
+    attributes it may still hold (given within TIMEOUT), and of at most STALE_MAX of them:
+    an ``rm`` among thousands of identical messages costs what it costs among a few."""
+    ready = fs[State.READY]
+    inos = [await fs.upload(ready, b"m%d" % i, b"same") for i in range(SpoolCore.STALE_MAX * 2)]
+    fs.kernel.invalidated_inodes.clear()
+    await fs.ops.unlink(ready, b"m0", Ctx())  # the kernel was given every count just now
+    told = fs.kernel.invalidated_inodes
+    assert 0 < len(told) <= SpoolCore.STALE_MAX and inos[0] not in told
+
+    later = ops_module.monotonic() + ops_module.TIMEOUT + 1
+    monkeypatch.setattr(ops_module, "monotonic", lambda: later)
+    told.clear()
+    await fs.ops.unlink(ready, b"m1", Ctx())  # every count it was given has expired
+    assert told == []
+    attr = await fs.ops.lookup(ready, b"m2", Ctx())  # asked again: told of this one
+    assert attr.st_nlink == len(inos) - 2
+    await fs.ops.unlink(ready, b"m3", Ctx())
+    assert told == [inos[2]]

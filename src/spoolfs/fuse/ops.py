@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
-from time import perf_counter_ns
+from time import monotonic, perf_counter_ns
 from typing import Any, TypeVar, cast
 
 import pyfuse3
@@ -99,6 +99,9 @@ class Operations(pyfuse3.Operations):
         self._dirs: dict[int, int] = {}  # open directory handle -> the directory's id
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
+        #: until when (monotonic) the kernel may keep the attributes it was last given, for
+        #: the entries it knows: once they expire it asks again, nobody need tell it
+        self._fresh: dict[int, float] = {}
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
         spool.on_gone = self._drop_name
         spool.on_stale = self._drop_attributes
@@ -114,8 +117,9 @@ class Operations(pyfuse3.Operations):
     def _drop_attributes(self, ids: list[int]) -> None:
         """Another message's link count changed: the kernel must ask again. (Attributes only:
         it takes no lock a pending request could hold.)"""
+        now = monotonic()
         for sid in ids:
-            if sid in self._lookups:  # the kernel knows it
+            if self._fresh.get(sid, 0.0) > now:  # the kernel knows it and may keep its count
                 try:
                     pyfuse3.invalidate_inode(self._ino(sid), attr_only=True)
                 except OSError:
@@ -219,11 +223,18 @@ class Operations(pyfuse3.Operations):
         a.st_size = size if e.kind in ("message", "member") and not stat.S_ISDIR(e.mode) else 0
         a.st_blksize = 4096
         a.st_blocks = (a.st_size + 511) // 512
+        if e.id in self._fresh:
+            self._fresh[e.id] = monotonic() + TIMEOUT
         return a
 
     def _remember(self, e: Entry, attr: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
-        self._lookups[e.id] = self._lookups.get(e.id, 0) + 1
+        self._counted(e.id)
         return attr
+
+    def _counted(self, sid: int) -> None:
+        """The kernel got an entry (a lookup it will forget) with fresh attributes."""
+        self._lookups[sid] = self._lookups.get(sid, 0) + 1
+        self._fresh[sid] = monotonic() + TIMEOUT
 
     def _forget_name(self, parent: int, name: bytes) -> None:
         """Before an entry disappears, keep its attributes for the kernel's remaining uses."""
@@ -293,6 +304,7 @@ class Operations(pyfuse3.Operations):
                 self._lookups[sid] = left
             else:
                 self._lookups.pop(sid, None)
+                self._fresh.pop(sid, None)
                 self._gone.pop(sid, None)
 
     @_guard
@@ -363,7 +375,7 @@ class Operations(pyfuse3.Operations):
             for e in page:
                 if not pyfuse3.readdir_reply(token, e.name, self._attr(e), e.id):
                     return
-                self._lookups[e.id] = self._lookups.get(e.id, 0) + 1
+                self._counted(e.id)
                 after = e.id
             if len(page) < PAGE:
                 return

