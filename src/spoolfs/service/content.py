@@ -13,6 +13,7 @@ from typing import cast
 
 from spoolfs.blobs import StagingDir, hash_file
 from spoolfs.blobs.base import BlobStore
+from spoolfs.blobs.writeback import STEP, WRITEBACK
 from spoolfs.core.errors import NoSpace, NotPermitted, SpoolError, StoreFailure, TooLarge
 from spoolfs.store.base import Entry, ReadTx, WriteTx
 
@@ -74,7 +75,7 @@ class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
-                 "lease_checked", "lease_id", "queue", "nfs")
+                 "lease_checked", "lease_id", "queue", "nfs", "unkicked")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -89,6 +90,7 @@ class Handle:
         self.lease_id = entry_id  # the message whose lease an open handle holds (a batch's)
         self.queue: int | None = None  # its queue: the disk guard's policy
         self.nfs = False  # held by an NFS server for its clients (service/uploads.py)
+        self.unkicked = 0  # bytes written since its writeback was last started
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:
@@ -102,9 +104,14 @@ class Handle:
         if self.done:
             raise NotPermitted("this upload was already published when its opener closed it")
         try:
-            return os.pwrite(self.fd, buf, off)
+            n = os.pwrite(self.fd, buf, off)
         except OSError as e:
             raise staging_error(e, "staging write") from e
+        self.unkicked += n
+        if self.unkicked >= STEP:  # a large upload: on disk by the time it is published
+            self.unkicked = 0
+            WRITEBACK.kick(self.fd)
+        return n
 
     def staged_size_and_mtime(self) -> tuple[int, int] | None:
         """Size and modification time of an upload's staging file as this handle sees it
