@@ -20,10 +20,12 @@ MIB = 1 << 20
 class Recorder:
     def __init__(self, fail: bool = False) -> None:
         self.inodes: list[int] = []
+        self.ranges: list[tuple[int, int]] = []
         self.fail = fail
 
-    def __call__(self, fd: int) -> None:
+    def __call__(self, fd: int, off: int, length: int) -> None:
         self.inodes.append(os.fstat(fd).st_ino)
+        self.ranges.append((off, length))
         if self.fail:
             raise OSError(5, "no")
 
@@ -47,6 +49,7 @@ def test_a_large_upload_is_written_back_while_it_is_written(
     rec = Recorder()
     ino = _write(tmp_path / "big", 2 * STEP + 3 * MIB, Writeback(rec), monkeypatch)
     assert rec.inodes == [ino, ino]
+    assert rec.ranges == [(0, STEP), (STEP, STEP)]  # each stretch once, as it is completed
     assert (tmp_path / "big").stat().st_size == 2 * STEP + 3 * MIB
 
 
@@ -73,6 +76,6 @@ def test_the_kernel_takes_the_hint(tmp_path: Path) -> None:
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         os.write(fd, b"y" * MIB)
-        start(fd)
+        start(fd, 0, MIB)
     finally:
         os.close(fd)

@@ -27,7 +27,7 @@ SYNC_FILE_RANGE_WRITE = 2
 BACKLOG = 64
 
 
-def _libc_sync_file_range() -> Callable[[int], None] | None:
+def _libc_sync_file_range() -> Callable[[int, int, int], None] | None:
     try:
         fn = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):
@@ -35,8 +35,8 @@ def _libc_sync_file_range() -> Callable[[int], None] | None:
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     fn.restype = ctypes.c_int
 
-    def start(fd: int) -> None:  # the whole file: offset 0, length 0 = to its end
-        if fn(fd, 0, 0, SYNC_FILE_RANGE_WRITE) != 0:
+    def start(fd: int, off: int, length: int) -> None:
+        if fn(fd, off, length, SYNC_FILE_RANGE_WRITE) != 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
 
@@ -46,15 +46,15 @@ def _libc_sync_file_range() -> Callable[[int], None] | None:
 class Writeback:
     """Starts the writeback of files handed to ``kick`` in a thread of its own."""
 
-    def __init__(self, start: Callable[[int], None] | None = None) -> None:
+    def __init__(self, start: Callable[[int, int, int], None] | None = None) -> None:
         self._start = start if start is not None else _libc_sync_file_range()
-        self._queue: queue.Queue[int] = queue.Queue(BACKLOG)
+        self._queue: queue.Queue[tuple[int, int, int]] = queue.Queue(BACKLOG)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def kick(self, fd: int) -> None:
-        """Have the file open on ``fd`` written back soon (its descriptor stays the
-        caller's: the thread works on a duplicate)."""
+    def kick(self, fd: int, off: int, length: int) -> None:
+        """Have ``length`` bytes from ``off`` of the file open on ``fd`` written back soon
+        (the descriptor stays the caller's: the thread works on a duplicate)."""
         if self._start is None:
             return
         try:
@@ -62,7 +62,7 @@ class Writeback:
         except OSError:
             return
         try:
-            self._queue.put_nowait(dup)
+            self._queue.put_nowait((dup, off, length))
         except queue.Full:
             os.close(dup)
             return
@@ -76,9 +76,9 @@ class Writeback:
     def _run(self) -> None:
         assert self._start is not None
         while True:
-            fd = self._queue.get()
+            fd, off, length = self._queue.get()
             try:
-                self._start(fd)
+                self._start(fd, off, length)
             except OSError as e:  # a hint that could not be given: the fsync does it all
                 log.debug("writeback hint failed: %s", e)
             finally:

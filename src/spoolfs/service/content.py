@@ -75,7 +75,7 @@ class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
-                 "lease_checked", "lease_id", "queue", "nfs", "unkicked")
+                 "lease_checked", "lease_id", "queue", "nfs", "kicked")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -90,7 +90,7 @@ class Handle:
         self.lease_id = entry_id  # the message whose lease an open handle holds (a batch's)
         self.queue: int | None = None  # its queue: the disk guard's policy
         self.nfs = False  # held by an NFS server for its clients (service/uploads.py)
-        self.unkicked = 0  # bytes written since its writeback was last started
+        self.kicked = 0  # its writeback was last started up to this offset
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:
@@ -107,10 +107,10 @@ class Handle:
             n = os.pwrite(self.fd, buf, off)
         except OSError as e:
             raise staging_error(e, "staging write") from e
-        self.unkicked += n
-        if self.unkicked >= STEP:  # a large upload: on disk by the time it is published
-            self.unkicked = 0
-            WRITEBACK.kick(self.fd)
+        end = off + n
+        if end - self.kicked >= STEP:  # a large upload: on disk by the time it is published
+            WRITEBACK.kick(self.fd, self.kicked, end - self.kicked)
+            self.kicked = end
         return n
 
     def staged_size_and_mtime(self) -> tuple[int, int] | None:
