@@ -104,6 +104,7 @@ class Operations(pyfuse3.Operations):
         self._fresh: dict[int, float] = {}
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
         spool.on_gone = self._drop_name
+        spool.on_deleted = self._keep_attributes
         spool.on_stale = self._drop_attributes
         #: runs once the kernel has the reply to its INIT request (the daemon tunes the mount)
         self.after_init: Callable[[], None] | None = None
@@ -236,10 +237,10 @@ class Operations(pyfuse3.Operations):
         self._lookups[sid] = self._lookups.get(sid, 0) + 1
         self._fresh[sid] = monotonic() + TIMEOUT
 
-    def _forget_name(self, parent: int, name: bytes) -> None:
-        """Before an entry disappears, keep its attributes for the kernel's remaining uses."""
-        e = self.spool.r.lookup(parent, name)
-        if e is not None and e.kind in ("message", "member") and self._lookups.get(e.id):
+    def _keep_attributes(self, e: Entry) -> None:
+        """An entry is deleted (in the transaction that deletes it): keep its attributes for
+        the kernel's remaining uses."""
+        if e.kind in ("message", "member") and self._lookups.get(e.id):
             attr = self._attr(e)
             attr.st_nlink = 0
             self._gone[e.id] = attr
@@ -403,7 +404,6 @@ class Operations(pyfuse3.Operations):
         self._may(ctx, change=(pnew,), remove=((pold, name_old), (pnew, name_new)))
         await self.spool.settle(pold, name_old)
         await self.spool.settle(pnew, name_new)
-        self._forget_name(pnew, name_new)
         if await self.spool.rename(pold, name_old, pnew, name_new, flags, self._who(ctx)):
             # Published while a writer holds it: the kernel moves its cached name into ready/,
             # where it must not be seen until the last close. The invalidation waits for the
@@ -415,7 +415,6 @@ class Operations(pyfuse3.Operations):
         pid = self._sid(parent_inode)
         self._may(ctx, remove=((pid, name),))
         await self.spool.settle(pid, name)
-        self._forget_name(pid, name)
         await self.spool.unlink(pid, name, self._who(ctx))
 
     @_guard
@@ -447,10 +446,13 @@ class Operations(pyfuse3.Operations):
         self._handles[fh] = h
         return fh
 
-    def _watch_opener(self, h: Handle) -> None:
+    def _watch_opener(self, h: Handle, pending: bool | None = None) -> None:
         """A handle whose close may publish remembers its opener's process rather than the
-        thread that opened it: ``flush`` reads how that process ends (procinfo.py)."""
-        if not h.nfs and self.spool.awaits_publish(h):
+        thread that opened it: ``flush`` reads how that process ends (procinfo.py).
+        ``pending``: whether it awaits its publish, when the caller knows."""
+        if pending is None:
+            pending = self.spool.awaits_publish(h)
+        if not h.nfs and pending:
             h.opener = procinfo.process_of(h.opener)
 
     @_guard
@@ -459,7 +461,7 @@ class Operations(pyfuse3.Operations):
         self._may(ctx, change=(self._sid(parent_inode),))
         e, h = await self.spool.create(self._sid(parent_inode), name, mode & ~ctx.umask,
                                        self._who(ctx))
-        self._watch_opener(h)
+        self._watch_opener(h, e.hidden)  # a new upload: hidden until published, in ready/
         attr = self._attr(e)
         return pyfuse3.FileInfo(fh=self._new_fh(h)), self._remember(e, attr)
 

@@ -163,6 +163,7 @@ class Moving(Uploads):
             if old is not None:
                 if flags & RENAME_NOREPLACE or is_dir(old) or is_dir(e):
                     raise Exists("target exists")
+                self.on_deleted(old)
                 tx.delete(old.id)
                 self.content.release(tx, old, cleanup)
             if is_dir(e):  # never into itself
@@ -196,6 +197,7 @@ class Moving(Uploads):
                 raise NotFound()
             if is_dir(cur) and tx.has_children(cur.id):
                 raise NotEmpty()
+            self.on_deleted(cur)
             tx.delete(cur.id)
             self.content.release(tx, cur, cleanup)
 

@@ -41,10 +41,12 @@ class Publishing(SpoolCore):
         cur = tx.get(entry_id)
         if cur is None or cur.queue is None or is_staging_name(cur.name):
             return False
+        policy = self.policies.of(cur.queue)
+        if policy.duplicates == "allow" and not policy.fanout:
+            return False
         queue = tx.get(cur.queue)
         assert queue is not None
         qname = queue.name.decode(errors="replace")
-        policy = self.policies.of(cur.queue)
         if policy.duplicates != "allow" and cur.blob is not None:
             orig = tx.published_with(cur.queue, cur.blob, now - policy.duplicates_window, cur.id)
             if orig is not None:

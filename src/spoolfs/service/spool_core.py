@@ -111,6 +111,9 @@ class SpoolCore:
         #: called with (parent, name) when the lifecycle moves or purges a message, so that the
         #: kernel drops a name it may have cached
         self.on_gone: Callable[[int, bytes], None] = lambda parent, name: None
+        #: in a transaction, an entry is deleted (the FUSE layer keeps its attributes for the
+        #: descriptors still open on it)
+        self.on_deleted: Callable[[Entry], None] = lambda e: None
         #: called with entry ids whose attributes changed without a request naming them (the
         #: link count of every message sharing content that was linked or released)
         self.on_stale: Callable[[list[int]], None] = lambda ids: None
@@ -297,6 +300,7 @@ class SpoolCore:
         on content; files go in ``cleanup`` after the commit."""
         if is_batch(e):
             batches.delete_tree(tx, e, lambda tx, m: self.content.release(tx, m, cleanup))
+        self.on_deleted(e)
         tx.delete(e.id)  # the row first: the last reference may delete its blob row
         self.content.release(tx, e, cleanup)
 

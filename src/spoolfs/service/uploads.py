@@ -190,7 +190,8 @@ class Uploads(Publishing):
             self._open[h.lease_id] = left
         else:
             self._open.pop(h.lease_id, None)
-            await self._lease_from_now(h.lease_id)
+            if not h.writable:  # (a writable handle is an upload's: never claimed, no lease)
+                await self._lease_from_now(h.lease_id)
         if not h.writable:
             return
         n = self._writers.get(h.entry_id, 1) - 1

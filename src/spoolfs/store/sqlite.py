@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 # The blob's reference count rides along: it is the message's link count.
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
+_RET = ", ".join(ENTRY_COLUMNS)  # a new row, as INSERT ... RETURNING gives it back
+_BLOB = ENTRY_COLUMNS.index("blob")
 BUSY_TIMEOUT_MS = 30_000
 #: A new store's page size. A claim changes about a dozen pages (the row, four of its indexes,
 #: two directories' times, a history row), each written whole to the log and synced: with
@@ -205,9 +207,11 @@ class SqliteWrite(SqliteRead, WriteTx):
             if k not in ENTRY_COLUMNS:
                 raise ValueError(f"unknown entry column {k}")
         vals = [v.value if hasattr(v, "value") else v for v in fields.values()]
-        cur = self.conn.execute(
-            f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
-        entry = self.get(cast(int, cur.lastrowid))  # set after an INSERT
+        row = self.conn.execute(
+            f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+            f"RETURNING {_RET}", vals).fetchone()
+        # the link count rides along with a row that shares content (a link): read it then
+        entry = Entry.from_row((*row, None)) if row[_BLOB] is None else self.get(row[0])
         assert entry is not None
         if not entry.hidden:
             self._dir_changed(entry.parent)
@@ -216,11 +220,11 @@ class SqliteWrite(SqliteRead, WriteTx):
     def _dir_changed(self, *dirs: int | None) -> None:
         """A name appeared in or left these directories: their mtime and ctime move, as on
         any file system (scripts poll a directory's time), for every daemon on the store."""
-        now = time.time_ns()
-        for d in dict.fromkeys(dirs):
-            if d is not None:
-                self.conn.execute("UPDATE entries SET mtime_ns=?, ctime_ns=? WHERE id=?",
-                                  (now, now, d))
+        ids = [d for d in dict.fromkeys(dirs) if d is not None]
+        if ids:  # one statement for both directories of a move
+            now = time.time_ns()
+            self.conn.execute("UPDATE entries SET mtime_ns=?, ctime_ns=? WHERE id IN "
+                              f"({', '.join('?' * len(ids))})", (now, now, *ids))
 
     def _hidden(self, entry_id: int) -> bool | None:
         row = self.conn.execute("SELECT hidden FROM entries WHERE id=?", (entry_id,)).fetchone()
