@@ -207,10 +207,11 @@ class StagingDir:
     def path(self, entry_id: int) -> str:
         return os.path.join(self.root, f"{entry_id >> self.BUCKET_BITS:x}", str(entry_id))
 
-    def create(self, entry_id: int) -> None:
-        """An empty staging file for a new upload (its bucket made on first use)."""
+    def create(self, entry_id: int) -> int:
+        """An empty staging file for a new upload (its bucket made on first use), open for
+        reading and writing: its descriptor."""
         self._bucket(entry_id)
-        os.close(os.open(self.path(entry_id), os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))
+        return os.open(self.path(entry_id), os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
 
     def open(self, entry_id: int, create: bool = False) -> int:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -164,8 +165,7 @@ class Content:
         the transaction that inserts the upload's row, so that from the moment the row is
         committed another daemon's recovery finds it in use (never a crash leftover)."""
         try:
-            self.staging.create(entry_id)
-            fd = self.staging.open(entry_id)
+            fd = self.staging.create(entry_id)
         except OSError as e:
             raise staging_error(e, f"staging file of {entry_id}") from e
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -182,6 +182,11 @@ class Content:
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
         try:
             st = os.fstat(fd)
+            if st.st_size <= self.inline_max:  # inline: read once, hash what was read
+                small = os.pread(fd, self.inline_max + 1, 0)
+                if len(small) <= self.inline_max:
+                    return Sealed(hashlib.sha256(small).digest(), len(small), st.st_mtime_ns,
+                                  small, path)
             overlap = st.st_size >= max(OVERLAP_MIN, self.inline_max + 1)
             with _syncing(fd) if overlap else nullcontext():
                 sha, size = hash_file(fd)
