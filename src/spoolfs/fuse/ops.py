@@ -205,7 +205,7 @@ class Operations(pyfuse3.Operations):
         ctx = dict(zip(params, args, strict=False)).get("ctx")
         return f" uid={ctx.uid} pid={ctx.pid}" if ctx is not None else ""
 
-    def _attr(self, e: Entry) -> pyfuse3.EntryAttributes:
+    def _attr(self, e: Entry, nlink: int | None = None) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = self._ino(e.id)
         a.generation = 0
@@ -216,7 +216,7 @@ class Operations(pyfuse3.Operations):
             else TIMEOUT
         a.attr_timeout = TIMEOUT
         a.st_mode = e.mode
-        a.st_nlink = self.spool.nlink_of(e)
+        a.st_nlink = self.spool.nlink_of(e) if nlink is None else nlink
         a.st_uid = e.uid
         a.st_gid = e.gid
         a.st_rdev = 0
@@ -239,11 +239,10 @@ class Operations(pyfuse3.Operations):
 
     def _keep_attributes(self, e: Entry) -> None:
         """An entry is deleted (in the transaction that deletes it): keep its attributes for
-        the kernel's remaining uses."""
+        the kernel's remaining uses. (A database server's transactions run in a worker thread:
+        nothing here reads the store.)"""
         if e.kind in ("message", "member") and self._lookups.get(e.id):
-            attr = self._attr(e)
-            attr.st_nlink = 0
-            self._gone[e.id] = attr
+            self._gone[e.id] = self._attr(e, nlink=0)
 
     # ---- lookups ------------------------------------------------------------------------
 
