@@ -348,7 +348,7 @@ async def test_removing_shared_content_tells_the_kernel_of_fresh_counts_only(
     told = fs.kernel.invalidated_inodes
     assert 0 < len(told) <= SpoolCore.STALE_MAX and inos[0] not in told
 
-    later = ops_module.monotonic() + ops_module.TIMEOUT + 1
+    later = ops_module.monotonic() + ops_module.FRESH + 1
     monkeypatch.setattr(ops_module, "monotonic", lambda: later)
     told.clear()
     await fs.ops.unlink(ready, b"m1", Ctx())  # every count it was given has expired

@@ -36,6 +36,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: store see changes within this; this daemon's own changes reach the kernel through its
 #: replies, or by dropping the names it changed without a request.
 TIMEOUT = 1.0
+#: how long the kernel may keep the attributes of a reply, counted here from its making: the
+#: kernel counts TIMEOUT from its receipt, a little later
+FRESH = TIMEOUT + 0.5
 #: entries read from the store at a time for a listing
 PAGE = 256
 
@@ -225,7 +228,7 @@ class Operations(pyfuse3.Operations):
         a.st_blksize = 4096
         a.st_blocks = (a.st_size + 511) // 512
         if e.id in self._fresh:
-            self._fresh[e.id] = monotonic() + TIMEOUT
+            self._fresh[e.id] = monotonic() + FRESH
         return a
 
     def _remember(self, e: Entry, attr: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
@@ -235,7 +238,7 @@ class Operations(pyfuse3.Operations):
     def _counted(self, sid: int) -> None:
         """The kernel got an entry (a lookup it will forget) with fresh attributes."""
         self._lookups[sid] = self._lookups.get(sid, 0) + 1
-        self._fresh[sid] = monotonic() + TIMEOUT
+        self._fresh[sid] = monotonic() + FRESH
 
     def _keep_attributes(self, e: Entry) -> None:
         """An entry is deleted (in the transaction that deletes it): keep its attributes for
