@@ -448,12 +448,10 @@ class Operations(pyfuse3.Operations):
         self._handles[fh] = h
         return fh
 
-    def _watch_opener(self, h: Handle, pending: bool | None = None) -> None:
-        """A handle whose close may publish remembers its opener's process rather than the
-        thread that opened it: ``flush`` reads how that process ends (procinfo.py).
-        ``pending``: whether it awaits its publish, when the caller knows."""
-        if pending is None:
-            pending = self.spool.awaits_publish(h)
+    def _watch_opener(self, h: Handle, pending: bool) -> None:
+        """A handle whose close may publish (``pending``: it awaits its publish) remembers its
+        opener's process rather than the thread that opened it: ``flush`` reads how that
+        process ends (procinfo.py)."""
         if not h.nfs and pending:
             h.opener = procinfo.process_of(h.opener)
 
@@ -477,7 +475,7 @@ class Operations(pyfuse3.Operations):
             return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True, keep_cache=False)
         h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
                                   bool(flags & os.O_TRUNC), self._who(ctx))
-        self._watch_opener(h)
+        self._watch_opener(h, self.spool.awaits_publish(h))
         # Published content never changes: the page cache may keep it.
         return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed)
 

@@ -163,9 +163,7 @@ class Moving(Uploads):
             if old is not None:
                 if flags & RENAME_NOREPLACE or is_dir(old) or is_dir(e):
                     raise Exists("target exists")
-                self.on_deleted(old)
-                tx.delete(old.id)
-                self.content.release(tx, old, cleanup)
+                self.delete_message(tx, old, cleanup)
             if is_dir(e):  # never into itself
                 up: Entry | None = d
                 while up is not None and up.kind == MEMBER:
@@ -197,9 +195,7 @@ class Moving(Uploads):
                 raise NotFound()
             if is_dir(cur) and tx.has_children(cur.id):
                 raise NotEmpty()
-            self.on_deleted(cur)
-            tx.delete(cur.id)
-            self.content.release(tx, cur, cleanup)
+            self.delete_message(tx, cur, cleanup)
 
         await self.tx(fn, durable=False)
         self.content.cleanup(cleanup)

@@ -296,8 +296,8 @@ class SpoolCore:
             self.on_stale(self.r.sharing(blob_id, self.STALE_MAX))
 
     def delete_message(self, tx: WriteTx, e: Entry, cleanup: list[tuple[str, object]]) -> None:
-        """In a transaction: delete a message (a batch with all its files) and drop its hold
-        on content; files go in ``cleanup`` after the commit."""
+        """In a transaction: delete a message (a batch with all its files) or a file of a
+        batch, and drop its hold on content; files go in ``cleanup`` after the commit."""
         if is_batch(e):
             batches.delete_tree(tx, e, lambda tx, m: self.content.release(tx, m, cleanup))
         self.on_deleted(e)
