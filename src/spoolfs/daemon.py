@@ -51,16 +51,21 @@ def _queue_root(spool: Spool, name: str) -> int:
 #: rules: publish at a client's COMMIT or rename, leases kept by use only (docs/design.md,
 #: "Serving NFS clients")
 NFS_EXPORT = "nfs_export"
+#: ``-o shared_mmap``: uploads are written through the kernel's page cache, so that a program
+#: may map one shared and write through the mapping; without it they are written straight to
+#: the daemon (faster, and a shared writable mapping of an upload fails with ENODEV)
+SHARED_MMAP = "shared_mmap"
 #: ``-o`` options that are the daemon's own, not passed on to FUSE
-OWN_OPTIONS = frozenset({STRICT_ROLES, NFS_EXPORT})
+OWN_OPTIONS = frozenset({STRICT_ROLES, NFS_EXPORT, SHARED_MMAP})
 
 
 def fuse_options(store_dir: str, options: list[str]) -> set[str]:
     """The mount options: the caller's, plus the kernel's permission checks whenever users
     other than the mounting one can enter (``allow_other``/``allow_root``). Without those, FUSE
     lets no one else in, and the checks would only cost a GETATTR on every changed directory
-    of every path walk. ``strict_roles`` (service/roles.py) and ``nfs_export`` are the
-    daemon's own, not passed on; ``strict_roles`` turns the kernel's checks on too."""
+    of every path walk. ``strict_roles`` (service/roles.py), ``nfs_export`` and
+    ``shared_mmap`` are the daemon's own, not passed on; ``strict_roles`` turns the kernel's
+    checks on too."""
     opts = {o for o in options if o and o not in OWN_OPTIONS} | {f"fsname={store_dir}",
                                                                "subtype=spoolfs"}
     if opts & {"allow_other", "allow_root"} or {"default_permissions", STRICT_ROLES} & set(options):
@@ -108,7 +113,8 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         spool.guard.make_reserve()
         root_id = _queue_root(spool, queue) if queue else 1
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None,
-                         nfs_export=NFS_EXPORT in options)
+                         nfs_export=NFS_EXPORT in options,
+                         direct_writes=SHARED_MMAP not in options)
         # the kernel sets a mount's read-ahead when it gets the reply to INIT: after that
         ops.after_init = functools.partial(_tune_read_ahead, os.path.abspath(mountpoint))
         opts = fuse_options(place.name, options)

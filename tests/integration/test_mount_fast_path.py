@@ -5,13 +5,15 @@ request counts (MOUNT/.spool/requests), never timed."""
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 from pathlib import Path
 
 import pytest
 
-from helpers.mounts import Mount
+from helpers.mounts import Mount, MountFactory
 from helpers.procs import spoolfs_cli
 from helpers.queues import Queue
 from helpers.waiting import wait_until
@@ -104,3 +106,69 @@ def test_a_large_file_is_read_in_large_requests(mount: Mount, queue: Queue) -> N
         assert f.read() == data
     reads = requests.since().get("read", 0)
     assert 16 <= reads <= 24, f"{reads} read requests for 16 MiB"
+
+
+def test_an_upload_is_written_straight_to_the_daemon(mount: Mount, queue: Queue) -> None:
+    """Writes into an upload reach the daemon as they are made, past the kernel's page cache:
+    one copy of every byte fewer, and none of the ``security.capability`` lookups the kernel
+    makes before each cached write (a round trip each). Those cached pages were dropped anyway
+    once the kernel saw the upload's newer modification time."""
+    requests = Requests(mount)
+    with open(queue.partial / "up", "wb", buffering=0) as f:
+        for i in range(8):
+            f.write(bytes([65 + i]) * 4096)
+        f.seek(0)
+        f.write(b"head")
+    got = requests.since()
+    assert got.get("getxattr", 0) == 0, f"{got.get('getxattr')} xattr lookups for 9 writes"
+    assert got.get("write", 0) == 9
+    expected = b"head" + b"A" * 4092 + b"".join(bytes([65 + i]) * 4096 for i in range(1, 8))
+    assert (queue.partial / "up").read_bytes() == expected
+    os.rename(queue.partial / "up", queue.ready / "up")
+    assert (queue.ready / "up").read_bytes() == expected
+
+
+def test_a_write_made_while_the_upload_is_read_is_seen(mount: Mount, queue: Queue) -> None:
+    """A reader of an upload in progress (``tail -f partial/log``) sees what the writer adds,
+    as it did when writes went through the kernel's page cache."""
+    with open(queue.partial / "log", "wb", buffering=0) as w, \
+            open(queue.partial / "log", "rb", buffering=0) as r:
+        w.write(b"one\n")
+        assert r.read() == b"one\n"
+        w.write(b"two\n")
+        wait_until(lambda: r.read() == b"two\n" or False, timeout=5,
+                   what="the second line to be read")
+
+
+def _write_through_a_shared_mapping(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.ftruncate(fd, len(data))
+        with mmap.mmap(fd, len(data), mmap.MAP_SHARED) as m:
+            m[:] = data
+    finally:
+        os.close(fd)
+
+
+def test_an_upload_mapped_shared_for_writing_is_refused_clearly(mount: Mount,
+                                                                queue: Queue) -> None:
+    """What writing past the page cache costs: an upload cannot be mapped shared and written
+    through the mapping (ENODEV, the kernel's answer); a private mapping, and a shared one of a
+    published message, still work. ``-o shared_mmap`` lifts it (below)."""
+    with pytest.raises(OSError) as refused:
+        _write_through_a_shared_mapping(queue.partial / "mapped", b"mapped\n")
+    assert refused.value.errno == errno.ENODEV
+    assert (queue.partial / "mapped").read_bytes() == b"\0" * 7  # nothing lost or half-made
+    queue.publish("pub", b"published\n")
+    with open(queue.ready / "pub", "rb") as f, \
+            mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+        assert m[:] == b"published\n"
+
+
+def test_with_shared_mmap_an_upload_is_written_through_a_mapping(mounter: MountFactory,
+                                                                 tmp_path: Path) -> None:
+    m = mounter(tmp_path / "store", tmp_path / "mnt", extra=["-o", "shared_mmap"])
+    q = Queue.create(m.path, "q", tmp_path / "scratch")
+    _write_through_a_shared_mapping(q.partial / "mapped", b"mapped\n")
+    os.rename(q.partial / "mapped", q.ready / "mapped")
+    assert (q.ready / "mapped").read_bytes() == b"mapped\n"

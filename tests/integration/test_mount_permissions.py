@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,25 @@ def test_without_allow_other_only_the_mounting_user_enters(mounter: MountFactory
     fails(*NOBODY, "ls", m.path / "q", message="Permission denied")
     ok("cp", "/etc/hostname", m.path / "q/ready/job")
     assert ls(m.path / "q/ready") == ["job"]
+
+
+def test_a_write_by_an_unprivileged_user_clears_setuid_and_setgid(mounter: MountFactory,
+                                                                  open_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """As on any file system: writing to a set-user-ID (or group-executable set-group-ID) file
+    drops those bits unless the writer may keep them (CAP_FSETID), so that nobody can plant
+    code into a program that runs with its owner's rights."""
+    m = mounter(tmp_path / "store", open_dir / "mnt", extra=["-o", "allow_other"])
+    q = m.path / "q"
+    os.mkdir(q)
+    ok("chmod", "0777", q / "partial")
+    tool, kept = q / "partial/tool", q / "partial/kept"
+    for f in (tool, kept):
+        f.write_bytes(b"#!/bin/sh\n")
+        os.chmod(f, 0o6777)
+    ok(*NOBODY, "sh", "-c", f"echo 'echo planted' >> {tool}")
+    assert stat.S_IMODE(os.stat(tool).st_mode) == 0o777
+    assert read(tool) == b"#!/bin/sh\necho planted\n"
+    with open(kept, "ab") as f:  # root keeps them
+        f.write(b"true\n")
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o6777

@@ -67,7 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", action="append", default=[],
                    help="mount options, comma-separated: FUSE's (e.g. allow_other), "
-                   "strict_roles, nfs_export (the mount is exported to NFS clients), and "
+                   "strict_roles, nfs_export (the mount is exported to NFS clients), "
+                   "shared_mmap (uploads may be mapped shared and written through the "
+                   "mapping: slower large writes), and "
                    "queue=Q, log_level=L, log_file=F, blobs=B for the options of those names; "
                    "fstab's and systemd's (nofail, _netdev, x-systemd.*, ...) are ignored")
     p.add_argument("--log-file", help="log to this file")

@@ -91,13 +91,15 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
 
     def __init__(self, spool: Spool, root_id: int = 1, roles: Gate | None = None,
-                 nfs_export: bool = False) -> None:
+                 nfs_export: bool = False, direct_writes: bool = True) -> None:
         super().__init__()
         self.spool = spool
         self.root_id = root_id
         self.roles = roles  # -o strict_roles: the daemon checks the modes too, root included
         #: -o nfs_export: thread id -> whether it is the NFS server's (procinfo.nfs_server)
         self._nfs_threads: dict[int, bool] | None = {} if nfs_export else None
+        #: uploads are written straight to the daemon, past the page cache (not -o shared_mmap)
+        self._direct_writes = direct_writes
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, int] = {}  # open directory handle -> the directory's id
         self._next_fh = 1
@@ -463,7 +465,8 @@ class Operations(pyfuse3.Operations):
                                        self._who(ctx))
         self._watch_opener(h, e.hidden)  # a new upload: hidden until published, in ready/
         attr = self._attr(e)
-        return pyfuse3.FileInfo(fh=self._new_fh(h)), self._remember(e, attr)
+        return (pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=self._direct_writes),
+                self._remember(e, attr))
 
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:
@@ -476,8 +479,13 @@ class Operations(pyfuse3.Operations):
         h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
                                   bool(flags & os.O_TRUNC), self._who(ctx))
         self._watch_opener(h, self.spool.awaits_publish(h))
-        # Published content never changes: the page cache may keep it.
-        return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed)
+        # Published content never changes: the page cache may keep it. An upload is written
+        # straight to the daemon (direct_io): a copy fewer, and no security.capability lookup
+        # before each write; pages cached while writing were dropped anyway as soon as the
+        # kernel saw the newer mtime. The cost: no shared writable mmap of an upload (ENODEV)
+        # unless -o shared_mmap.
+        return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed,
+                                direct_io=h.writable and self._direct_writes)
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -490,7 +498,10 @@ class Operations(pyfuse3.Operations):
 
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        return self.spool.write(self._handles[fh], off, buf)
+        h = self._handles[fh]
+        if h.drops_setid:
+            await self.spool.drop_setid(h)
+        return self.spool.write(h, off, buf)
 
     @_guard
     async def flush(self, fh: int) -> None:

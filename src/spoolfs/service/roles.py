@@ -78,6 +78,34 @@ def inherit(parent: Entry, gid: int, mode: int, is_dir: bool) -> tuple[int, int]
     return gid, mode
 
 
+#: the capability that lets a writer keep a file's set-user-ID and set-group-ID bits
+CAP_FSETID = 4
+
+
+def setid_bits(mode: int) -> int:
+    """The bits a write by an unprivileged process clears, as the kernel clears them: the
+    set-user-ID bit, and the set-group-ID bit of a group-executable file (without group
+    execute it marks mandatory locking, not a privilege)."""
+    bits = mode & stat.S_ISUID
+    if mode & stat.S_ISGID and mode & stat.S_IXGRP:
+        bits |= stat.S_ISGID
+    return bits
+
+
+def keeps_setid(pid: int, uid: int) -> bool:
+    """Whether process ``pid`` (of user ``uid``) may write to a set-user-ID file and keep the
+    bit (CAP_FSETID in its effective set, ``/proc/PID/status``). When that cannot be read,
+    root may and nobody else."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_FSETID & 1)
+    except (OSError, IndexError, ValueError):
+        pass
+    return uid == 0
+
+
 def proc_groups(pid: int, uid: int, gid: int) -> frozenset[int]:
     """The supplementary groups of process (thread) ``pid``, from ``/proc/PID/status``. Empty
     when it cannot be read, or when that process's file system ids are not the request's (it

@@ -25,7 +25,7 @@ from spoolfs.service import batches
 from spoolfs.service.batches import MEMBER, is_dir
 from spoolfs.service.content import Handle, staging_error
 from spoolfs.service.publishing import Publishing
-from spoolfs.service.roles import inherit
+from spoolfs.service.roles import inherit, keeps_setid, setid_bits
 from spoolfs.service.spool_core import Who
 from spoolfs.store.base import Entry, WriteTx
 
@@ -85,6 +85,8 @@ class Uploads(Publishing):
         h = handle if handle is not None else self.content.open(self.r, e, writable)
         h.opener = who.pid
         h.queue = e.queue
+        if writable and not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
+            h.drops_setid = True
         if e.kind == MEMBER:
             h.lease_id = batches.root_of(self.r, e).id
         if who.nfs:  # the server's descriptor: no lease, no say in when an upload appears
@@ -258,6 +260,24 @@ class Uploads(Publishing):
     #: publishes that make a message arrive in a queue's ready/
     ARRIVALS = frozenset({Action.PUBLISH, Action.DIRECT_PUBLISH, Action.LINK_PUBLISH,
                           Action.FORWARD, Action.REDRIVE})
+
+    async def drop_setid(self, h: Handle) -> None:
+        """Before the first write through ``h``: clear the set-user-ID and set-group-ID bits
+        its opener may not keep (roles.setid_bits), as the kernel does for its cached writes.
+        Uploads are written past the kernel's cache (fuse/ops.py), so the daemon does it."""
+        h.drops_setid = False
+        cleared: list[int] = []
+
+        def fn(tx: WriteTx) -> None:
+            e = tx.get(h.entry_id)
+            if e is not None and (bits := setid_bits(e.mode)):
+                tx.update(e.id, mode=e.mode & ~bits, ctime_ns=self.clock())
+                cleared.append(e.id)
+
+        await self.tx(fn, durable=False)
+        if cleared:
+            log.info("upload %d: set-ID bits cleared by a write of pid %d", h.entry_id, h.opener)
+            self.on_stale(cleared)
 
     def write(self, h: Handle, off: int, buf: bytes) -> int:
         try:
