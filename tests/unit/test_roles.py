@@ -21,9 +21,11 @@ from spoolfs.service.roles import (
     Gate,
     allowed,
     inherit,
+    keeps_setid,
     may_change,
     may_remove,
     proc_groups,
+    setid_bits,
 )
 
 PROD, CONS, ROOT = 1001, 1002, 0
@@ -129,3 +131,16 @@ def test_strict_roles_is_the_daemons_option_and_turns_the_kernels_checks_on() ->
     assert STRICT_ROLES not in opts
     assert "default_permissions" in opts
     assert STRICT_ROLES not in fuse_options("/s", ["allow_other", STRICT_ROLES])
+
+
+def test_a_write_clears_the_set_id_bits_the_kernel_clears() -> None:
+    assert setid_bits(0o4755) == stat.S_ISUID
+    assert setid_bits(0o6755) == stat.S_ISUID | stat.S_ISGID
+    assert setid_bits(0o2745) == 0  # set-group-ID without group execute: not a privilege
+    assert setid_bits(0o1777) == 0
+
+
+def test_who_may_keep_the_set_id_bits() -> None:
+    assert keeps_setid(os.getpid(), os.getuid()) is (os.geteuid() == 0)  # root: CAP_FSETID
+    assert not keeps_setid(2**22 + 12345, PROD)  # no such process: only root may
+    assert keeps_setid(2**22 + 12345, ROOT)
