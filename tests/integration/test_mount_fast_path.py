@@ -160,6 +160,12 @@ def test_an_upload_mapped_shared_for_writing_is_refused_clearly(mount: Mount,
         _write_through_a_shared_mapping(queue.partial / "mapped", b"mapped\n")
     assert refused.value.errno == errno.ENODEV
     assert (queue.partial / "mapped").read_bytes() == b"\0" * 7  # nothing lost or half-made
+    (queue.partial / "mapped").write_bytes(b"private\n")
+    with open(queue.partial / "mapped", "r+b") as f, \
+            mmap.mmap(f.fileno(), 0, mmap.MAP_PRIVATE) as m:
+        assert m[:] == b"private\n"
+        m[:7] = b"changed"  # the process's own copy
+    assert (queue.partial / "mapped").read_bytes() == b"private\n"
     queue.publish("pub", b"published\n")
     with open(queue.ready / "pub", "rb") as f, \
             mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ) as m:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
 from dataclasses import dataclass
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from spoolfs.core.errors import AccessDenied, NotPermitted
 from spoolfs.daemon import fuse_options
 from spoolfs.service.roles import (
+    CAP_FSETID,
     READ,
     SEARCH,
     STRICT_ROLES,
@@ -144,3 +146,20 @@ def test_who_may_keep_the_set_id_bits() -> None:
     assert keeps_setid(os.getpid(), os.getuid()) is (os.geteuid() == 0)  # root: CAP_FSETID
     assert not keeps_setid(2**22 + 12345, PROD)  # no such process: only root may
     assert keeps_setid(2**22 + 12345, ROOT)
+
+
+def test_root_of_a_user_namespace_of_its_own_may_not_keep_them() -> None:
+    """``unshare -r`` gives a full effective set, held in the new namespace only: the kernel
+    asks for CAP_FSETID in the initial one."""
+    with subprocess.Popen(["unshare", "-r", "sh", "-c", "echo up; read x"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+        assert p.stdout is not None and p.stdin is not None
+        try:
+            assert p.stdout.readline() == "up\n"
+            with open(f"/proc/{p.pid}/status") as f:
+                caps = next(ln for ln in f if ln.startswith("CapEff:"))
+            assert int(caps.split()[1], 16) >> CAP_FSETID & 1  # held, in its own namespace
+            assert not keeps_setid(p.pid, ROOT)
+        finally:
+            p.stdin.close()
+            p.wait(timeout=10)

@@ -121,8 +121,9 @@ class Operations(pyfuse3.Operations):
 
 
     def _drop_attributes(self, ids: list[int]) -> None:
-        """Another message's link count changed: the kernel must ask again. (Attributes only:
-        it takes no lock a pending request could hold.)"""
+        """Attributes changed without a request naming them (another message's link count, the
+        set-ID bits a write cleared): the kernel must ask again. (Attributes only: it takes no
+        lock a pending request could hold.)"""
         now = monotonic()
         for sid in ids:
             if self._fresh.get(sid, 0.0) > now:  # the kernel knows it and may keep its count
@@ -450,6 +451,12 @@ class Operations(pyfuse3.Operations):
         self._handles[fh] = h
         return fh
 
+    def _writes_direct(self, h: Handle) -> bool:
+        """Whether writes through ``h`` bypass the page cache (see ``open``). Not an NFS
+        server's: it acts for clients, so the kernel's checks at each cached write (set-ID
+        bits) stay its own, as before."""
+        return h.writable and not h.nfs and self._direct_writes
+
     def _watch_opener(self, h: Handle, pending: bool) -> None:
         """A handle whose close may publish (``pending``: it awaits its publish) remembers its
         opener's process rather than the thread that opened it: ``flush`` reads how that
@@ -465,7 +472,7 @@ class Operations(pyfuse3.Operations):
                                        self._who(ctx))
         self._watch_opener(h, e.hidden)  # a new upload: hidden until published, in ready/
         attr = self._attr(e)
-        return (pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=self._direct_writes),
+        return (pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=self._writes_direct(h)),
                 self._remember(e, attr))
 
     @_guard
@@ -485,7 +492,7 @@ class Operations(pyfuse3.Operations):
         # kernel saw the newer mtime. The cost: no shared writable mmap of an upload (ENODEV)
         # unless -o shared_mmap.
         return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed,
-                                direct_io=h.writable and self._direct_writes)
+                                direct_io=self._writes_direct(h))
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -499,7 +506,7 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self._handles[fh]
-        if h.drops_setid:
+        if h.checks_setid:
             await self.spool.drop_setid(h)
         return self.spool.write(h, off, buf)
 

@@ -76,7 +76,8 @@ class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
-                 "lease_checked", "lease_id", "queue", "nfs", "kicked", "drops_setid")
+                 "lease_checked", "lease_id", "queue", "nfs", "kicked", "checks_setid",
+                 "opener_uid", "keeps_setid")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -92,9 +93,11 @@ class Handle:
         self.queue: int | None = None  # its queue: the disk guard's policy
         self.nfs = False  # held by an NFS server for its clients (service/uploads.py)
         self.kicked = 0  # its writeback was last started up to this offset
-        #: its first write clears the file's set-user-ID and set-group-ID bits (its opener may
-        #: not keep them): the kernel does not, for writes that bypass its page cache
-        self.drops_setid = False
+        #: each write first clears the set-user-ID and set-group-ID bits its opener may not
+        #: keep (service/uploads.py): the kernel does not, for writes that bypass its cache
+        self.checks_setid = False
+        self.opener_uid = 0
+        self.keeps_setid: bool | None = None  # the opener may keep them (asked when needed)
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:

@@ -14,6 +14,7 @@ and search permission on each directory changed, and the sticky bit. Reading, an
 
 from __future__ import annotations
 
+import os
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -80,6 +81,8 @@ def inherit(parent: Entry, gid: int, mode: int, is_dir: bool) -> tuple[int, int]
 
 #: the capability that lets a writer keep a file's set-user-ID and set-group-ID bits
 CAP_FSETID = 4
+#: the inode number of the initial user namespace (the kernel's PROC_USER_INIT_INO)
+INIT_USER_NS = 0xEFFFFFFD
 
 
 def setid_bits(mode: int) -> int:
@@ -94,16 +97,25 @@ def setid_bits(mode: int) -> int:
 
 def keeps_setid(pid: int, uid: int) -> bool:
     """Whether process ``pid`` (of user ``uid``) may write to a set-user-ID file and keep the
-    bit (CAP_FSETID in its effective set, ``/proc/PID/status``). When that cannot be read,
-    root may and nobody else."""
+    bit: CAP_FSETID in its effective set (``/proc/PID/status``), held in the initial user
+    namespace, where the kernel asks for it (root of a namespace of its own, ``unshare -r``,
+    holds it only there). When the status cannot be read, root may and nobody else; when the
+    namespace cannot be, nobody may."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_FSETID & 1)
+                    if not int(line.split()[1], 16) >> CAP_FSETID & 1:
+                        return False
+                    break
+            else:
+                return uid == 0
     except (OSError, IndexError, ValueError):
-        pass
-    return uid == 0
+        return uid == 0
+    try:
+        return os.stat(f"/proc/{pid}/ns/user").st_ino == INIT_USER_NS
+    except OSError:
+        return False
 
 
 def proc_groups(pid: int, uid: int, gid: int) -> frozenset[int]:

@@ -115,7 +115,8 @@ class SpoolCore:
         #: descriptors still open on it)
         self.on_deleted: Callable[[Entry], None] = lambda e: None
         #: called with entry ids whose attributes changed without a request naming them (the
-        #: link count of every message sharing content that was linked or released)
+        #: link count of every message sharing content that was linked or released, set-ID
+        #: bits a write cleared)
         self.on_stale: Callable[[list[int]], None] = lambda ids: None
         #: dir id -> (name, done) of the uploads being published into it
         self._settling: dict[int, list[tuple[bytes, trio.Event]]] = {}

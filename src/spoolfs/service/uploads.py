@@ -85,8 +85,9 @@ class Uploads(Publishing):
         h = handle if handle is not None else self.content.open(self.r, e, writable)
         h.opener = who.pid
         h.queue = e.queue
-        if writable and not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
-            h.drops_setid = True
+        if writable and not who.nfs:  # an NFS server acts for clients it does not name
+            h.checks_setid = True
+            h.opener_uid = who.uid
         if e.kind == MEMBER:
             h.lease_id = batches.root_of(self.r, e).id
         if who.nfs:  # the server's descriptor: no lease, no say in when an upload appears
@@ -112,6 +113,8 @@ class Uploads(Publishing):
                 # client's touch of its claim): it gets a handle that refuses writes instead.
                 writable = False
         if truncate:
+            if not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
+                await self._clear_setid(e.id, who.pid)  # as a write would
             self.truncate(e, 0)
         if self.content.blobs.remote and not e.staged and e.blob is not None:
             await trio.to_thread.run_sync(self.content.fetch, self.r, e, limiter=self.limiter)
@@ -262,21 +265,32 @@ class Uploads(Publishing):
                           Action.FORWARD, Action.REDRIVE})
 
     async def drop_setid(self, h: Handle) -> None:
-        """Before the first write through ``h``: clear the set-user-ID and set-group-ID bits
-        its opener may not keep (roles.setid_bits), as the kernel does for its cached writes.
-        Uploads are written past the kernel's cache (fuse/ops.py), so the daemon does it."""
-        h.drops_setid = False
+        """Before each write through ``h``: clear the set-user-ID and set-group-ID bits its
+        opener may not keep (roles.setid_bits, keeps_setid), as the kernel does before each of
+        its cached writes: bits set while the file is open go at the next write. Uploads are
+        written past the kernel's cache (fuse/ops.py), so the daemon does it."""
+        e = self.r.get(h.entry_id)
+        if e is None or not setid_bits(e.mode):
+            return
+        if h.keeps_setid is None:
+            h.keeps_setid = keeps_setid(h.opener, h.opener_uid)
+        if not h.keeps_setid:
+            await self._clear_setid(e.id, h.opener)
+
+    async def _clear_setid(self, entry_id: int, pid: int) -> None:
+        """Durably, before the write or truncation that makes it due: the new content is
+        never on disk under the old bits."""
         cleared: list[int] = []
 
         def fn(tx: WriteTx) -> None:
-            e = tx.get(h.entry_id)
+            e = tx.get(entry_id)
             if e is not None and (bits := setid_bits(e.mode)):
                 tx.update(e.id, mode=e.mode & ~bits, ctime_ns=self.clock())
                 cleared.append(e.id)
 
-        await self.tx(fn, durable=False)
+        await self.tx(fn, durable=True)
         if cleared:
-            log.info("upload %d: set-ID bits cleared by a write of pid %d", h.entry_id, h.opener)
+            log.info("upload %d: set-ID bits cleared for pid %d", entry_id, pid)
             self.on_stale(cleared)
 
     def write(self, h: Handle, off: int, buf: bytes) -> int:
