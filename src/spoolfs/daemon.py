@@ -168,7 +168,7 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
             lifecycle.run, functools.partial(gc.periodic, spool.place), spool.guard.keep_reserve]
         if isinstance(spool.store, ChangeFeed):  # other hosts' changes, seen here
             follower = Follower(spool.store, lambda p, n: spool.on_gone(p, n),
-                                lambda ids: spool.on_stale(ids), trio.CapacityLimiter(1))
+                                spool.changed_elsewhere, trio.CapacityLimiter(1))
             tasks.append(follower.run)
         nursery.start_soon(_run_in, timers, *tasks)
         if listeners:  # serving before the mount is reported ready

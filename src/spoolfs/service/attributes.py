@@ -65,6 +65,8 @@ class Attributes(Directories):
                 tx.update(entry_id, **fields, **extra)
 
             await self.tx(fn, durable=e.kind not in ("message", MEMBER))
+            if mode is not None:
+                self.mode_changes += 1
         return self.get(entry_id)
 
     def xattr_names(self, e: Entry) -> list[bytes]:

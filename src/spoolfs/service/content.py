@@ -77,7 +77,7 @@ class Handle:
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
                  "lease_checked", "lease_id", "queue", "nfs", "kicked", "checks_setid",
-                 "opener_uid", "keeps_setid")
+                 "opener_uid", "setid_clear_at")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -97,7 +97,8 @@ class Handle:
         #: keep (service/uploads.py): the kernel does not, for writes that bypass its cache
         self.checks_setid = False
         self.opener_uid = 0
-        self.keeps_setid: bool | None = None  # the opener may keep them (asked when needed)
+        #: the spool's count of mode changes when this handle last saw no set-ID bits
+        self.setid_clear_at = -1
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:

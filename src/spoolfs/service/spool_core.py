@@ -118,9 +118,17 @@ class SpoolCore:
         #: link count of every message sharing content that was linked or released, set-ID
         #: bits a write cleared)
         self.on_stale: Callable[[list[int]], None] = lambda ids: None
+        #: counts the times a mode may have changed (a chmod here, any change by another
+        #: host): a writer that saw no set-ID bits since need not look again (uploads.py)
+        self.mode_changes = 0
         #: dir id -> (name, done) of the uploads being published into it
         self._settling: dict[int, list[tuple[bytes, trio.Event]]] = {}
         self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
+
+    def changed_elsewhere(self, ids: list[int]) -> None:
+        """Entries another host changed (service/follower.py): the kernel must ask again."""
+        self.mode_changes += 1
+        self.on_stale(ids)
 
     async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         return await self.committer.submit(fn, durable)

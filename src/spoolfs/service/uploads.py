@@ -268,14 +268,19 @@ class Uploads(Publishing):
         """Before each write through ``h``: clear the set-user-ID and set-group-ID bits its
         opener may not keep (roles.setid_bits, keeps_setid), as the kernel does before each of
         its cached writes: bits set while the file is open go at the next write. Uploads are
-        written past the kernel's cache (fuse/ops.py), so the daemon does it."""
+        written past the kernel's cache (fuse/ops.py), so the daemon does it. The mode is read
+        again only after a mode may have changed (``mode_changes``)."""
+        if h.setid_clear_at == self.mode_changes:
+            return
+        seen = self.mode_changes
         e = self.r.get(h.entry_id)
         if e is None or not setid_bits(e.mode):
+            h.setid_clear_at = seen
             return
-        if h.keeps_setid is None:
-            h.keeps_setid = keeps_setid(h.opener, h.opener_uid)
-        if not h.keeps_setid:
-            await self._clear_setid(e.id, h.opener)
+        if keeps_setid(h.opener, h.opener_uid):
+            h.checks_setid = False  # its opener may keep them, whatever the mode becomes
+            return
+        await self._clear_setid(e.id, h.opener)
 
     async def _clear_setid(self, entry_id: int, pid: int) -> None:
         """Durably, before the write or truncation that makes it due: the new content is
