@@ -86,9 +86,10 @@ INIT_USER_NS = 0xEFFFFFFD
 
 
 def setid_bits(mode: int) -> int:
-    """The bits a write by an unprivileged process clears, as the kernel clears them: the
-    set-user-ID bit, and the set-group-ID bit of a group-executable file (without group
-    execute it marks mandatory locking, not a privilege)."""
+    """The bits a write by an unprivileged process clears, as the kernel's FUSE module clears
+    them for a cached write: the set-user-ID bit, and the set-group-ID bit of a
+    group-executable file. (Local file systems also clear a set-group-ID bit without group
+    execute when the writer is outside the file's group; FUSE leaves it, and so does this.)"""
     bits = mode & stat.S_ISUID
     if mode & stat.S_ISGID and mode & stat.S_IXGRP:
         bits |= stat.S_ISGID
