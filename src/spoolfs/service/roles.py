@@ -96,6 +96,15 @@ def setid_bits(mode: int) -> int:
     return bits
 
 
+def _status(pid: int) -> dict[str, str] | None:
+    """The fields of ``/proc/PID/status`` by name, or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    except OSError:
+        return None
+
+
 def keeps_setid(pid: int, uid: int) -> bool:
     """Whether process ``pid`` (of user ``uid``) may write to a set-user-ID file and keep the
     bit: CAP_FSETID in its effective set (``/proc/PID/status``), held in the initial user
@@ -103,16 +112,11 @@ def keeps_setid(pid: int, uid: int) -> bool:
     holds it only there). When the status cannot be read, root may and nobody else; when the
     namespace cannot be, nobody may."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    if not int(line.split()[1], 16) >> CAP_FSETID & 1:
-                        return False
-                    break
-            else:
-                return uid == 0
-    except (OSError, IndexError, ValueError):
+        caps = int((_status(pid) or {})["CapEff"], 16)
+    except (KeyError, ValueError):
         return uid == 0
+    if not caps >> CAP_FSETID & 1:
+        return False
     try:
         return os.stat(f"/proc/{pid}/ns/user").st_ino == INIT_USER_NS
     except OSError:
@@ -123,16 +127,14 @@ def proc_groups(pid: int, uid: int, gid: int) -> frozenset[int]:
     """The supplementary groups of process (thread) ``pid``, from ``/proc/PID/status``. Empty
     when it cannot be read, or when that process's file system ids are not the request's (it
     exited and the pid was reused): missing groups can only refuse, never allow."""
-    if pid <= 0:
+    if pid <= 0 or (lines := _status(pid)) is None:
         return frozenset()
     try:
-        with open(f"/proc/{pid}/status") as f:
-            lines = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
         uids, gids = lines["Uid"].split(), lines["Gid"].split()
         if int(uids[3]) != uid or int(gids[3]) != gid:  # real, effective, saved, fs
             return frozenset()
         return frozenset(int(g) for g in lines["Groups"].split())
-    except (OSError, KeyError, IndexError, ValueError):
+    except (KeyError, IndexError, ValueError):
         return frozenset()
 
 
