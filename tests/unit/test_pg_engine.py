@@ -123,6 +123,19 @@ def test_a_commit_wakes_a_waiting_follower(two) -> None:  # type: ignore[no-unty
     assert a.wait_changes(30) is True
 
 
+def test_opening_a_set_up_database_takes_no_table_lock(pg_url: str) -> None:
+    """A daemon mounting (or restarting after kill -9) beside busy hosts: the schema is
+    already there, so opening takes no lock on the tables. Set-up statements take them
+    (CREATE INDEX IF NOT EXISTS locks its table before it finds the index), and against other
+    hosts' transactions that was a wait, or a deadlock that failed the mount."""
+    PostgresStore(pg_url).close()  # set up
+    with psycopg.connect(pg_url) as busy:  # another host, in a transaction on every table
+        for table in ("entries", "blobs", "history", "xattrs", "policies", "meta", "changes"):
+            busy.execute(f"LOCK TABLE {table} IN ROW EXCLUSIVE MODE")
+        PostgresStore(pg_url).close()  # waiting, it would fail at the lock timeout
+        busy.rollback()
+
+
 def test_a_newer_schema_is_refused_in_one_line(pg_url: str) -> None:
     PostgresStore(pg_url).close()
     with psycopg.connect(pg_url, autocommit=True) as c:

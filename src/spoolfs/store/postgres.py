@@ -473,7 +473,15 @@ class PostgresStore(Store):
 
     def _init_schema(self, conn: psycopg.Connection[Any]) -> None:
         """Tables, the root entry and migrations, once, even when several daemons open an
-        empty database at the same moment."""
+        empty database at the same moment. A database already at this version is left alone:
+        set-up statements lock the tables they name (CREATE INDEX IF NOT EXISTS does before it
+        finds the index), which against other hosts' transactions is a wait or a deadlock."""
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None  # a new database (autocommit: nothing to roll back)
+        if row is not None and int(row[0]) == schema.VERSION:
+            return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (schema.LOCK_SCHEMA,))
             conn.execute(cast(Any, schema.TABLES))
