@@ -106,14 +106,13 @@ def test_seed_scenario_two_daemons_one_killed(mounter: MountFactory,
         done.touch()  # the consumers may stop once ready/ is empty
         problems = wait_consumers(consumers, limit)
     finally:
-        if producer.poll() is None:
-            producer.kill()
-            producer.communicate()
         done.touch()
-        for c in consumers:  # a failure above leaves none behind
-            if c.proc.poll() is None:
-                c.proc.kill()
-                c.proc.communicate()
+        for proc in (producer, *(c.proc for c in consumers)):  # a failure above leaves none
+            if proc.poll() is None:                           # behind, nor their pipes
+                proc.kill()
+            proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
     assert not problems, "\n".join(problems)
 
     claims: Counter[str] = Counter()
