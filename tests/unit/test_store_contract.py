@@ -79,6 +79,18 @@ def test_ids_never_reused(store: Store) -> None:
     assert b.id > a.id
 
 
+def test_reserved_ids_are_never_taken_by_another_insert(store: Store) -> None:
+    """service/staging_pool.py makes staging files under ids reserved ahead of their rows."""
+    before = one(store, lambda tx: msg(tx, 1, b"before"))
+    ids = one(store, lambda tx: tx.reserve_entry_ids(4), durable=False)
+    assert len(ids) == 4 and ids == sorted(set(ids)) and ids[0] > before.id
+    after = one(store, lambda tx: msg(tx, 1, b"after"))
+    assert after.id > ids[-1]
+    taken = one(store, lambda tx: msg(tx, 1, b"taken", id=ids[1]))
+    assert taken.id == ids[1] and store.reader().lookup(1, b"taken") == taken
+    assert one(store, lambda tx: tx.reserve_entry_ids(1))[0] > after.id
+
+
 def test_blob_refcounts(store: Store) -> None:
     sha = bytes(32)
     bid = one(store, lambda tx: tx.blob_insert(sha, 3, b"abc"))

@@ -190,7 +190,15 @@ class WriteTx(ReadTx):
     # ctime to now, in the same transaction: a directory's time shows when its names changed.
 
     @abc.abstractmethod
-    def insert(self, **fields: Any) -> Entry: ...
+    def insert(self, **fields: Any) -> Entry:
+        """A new row; its ``id`` is the next free one unless given (one of
+        ``reserve_entry_ids``)."""
+
+    @abc.abstractmethod
+    def reserve_entry_ids(self, n: int) -> list[int]:
+        """``n`` entry ids, ascending, that no row has and, once this transaction commits,
+        no insert without an ``id`` will take: for rows inserted later with one
+        (service/staging_pool.py)."""
 
     @abc.abstractmethod
     def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,

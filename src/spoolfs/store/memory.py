@@ -200,6 +200,11 @@ class MemoryWrite(MemoryRead, WriteTx):
             self._dir_changed(row["parent"])
         return self._entry(row)
 
+    def reserve_entry_ids(self, n: int) -> list[int]:
+        first = self.s.next_entry
+        self.s.next_entry += n
+        return list(range(first, first + n))
+
     def _dir_changed(self, *dirs: int | None) -> None:
         now = time.time_ns()
         for d in dict.fromkeys(dirs):

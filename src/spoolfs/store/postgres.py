@@ -246,6 +246,13 @@ class PgWrite(PgRead, WriteTx):
                  old_parent: int | None = None, old_name: bytes | None = None) -> None:
         self.changed.append((entry, parent, name, old_parent, old_name))
 
+    def reserve_entry_ids(self, n: int) -> list[int]:
+        # a sequence never hands a value out twice, whatever happens to this transaction;
+        # other hosts draw from it meanwhile, so the ids need not be consecutive
+        rows = self.q("SELECT nextval(pg_get_serial_sequence('entries', 'id')) "
+                      "FROM generate_series(1, %s)", (n,))
+        return sorted(int(r[0]) for r in rows)
+
     def insert(self, **fields: Any) -> Entry:
         for k in fields:
             if k not in ENTRY_COLUMNS:

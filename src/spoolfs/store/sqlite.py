@@ -217,6 +217,17 @@ class SqliteWrite(SqliteRead, WriteTx):
             self._dir_changed(entry.parent)
         return entry
 
+    def reserve_entry_ids(self, n: int) -> list[int]:
+        # AUTOINCREMENT takes the next id above the recorded sequence: raising the record
+        # keeps the ids below it from every other insert (rolled back with the
+        # transaction, as a row inserted would be)
+        row = self.conn.execute(
+            "UPDATE sqlite_sequence SET seq = max(seq, (SELECT coalesce(max(id), 0) FROM "
+            "entries)) + ? WHERE name='entries' RETURNING seq", (n,)).fetchone()
+        if row is None:  # no row was ever inserted (a store always has its root)
+            raise StoreFailure("no entry sequence to reserve ids from")
+        return list(range(int(row[0]) - n + 1, int(row[0]) + 1))
+
     def _dir_changed(self, *dirs: int | None) -> None:
         """A name appeared in or left these directories: their mtime and ctime move, as on
         any file system (scripts poll a directory's time), for every daemon on the store."""
