@@ -143,6 +143,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
             except FileNotFoundError:
                 pass
     finally:
+        spool.staging_pool.close()  # the staging files made ahead and not used
         place.blobs.close()  # removals of content still queued for a remote store
         store.close()
         log.info("%s unmounted, store closed", mountpoint)
@@ -166,6 +167,8 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
         nursery.start_soon(_signals, signals)
         tasks: list[Callable[[], Awaitable[None]]] = [
             lifecycle.run, functools.partial(gc.periodic, spool.place), spool.guard.keep_reserve]
+        if not spool.store.blocking:  # (a database server's commits run off the loop)
+            tasks.append(spool.staging_pool.run)
         if isinstance(spool.store, ChangeFeed):  # other hosts' changes, seen here
             follower = Follower(spool.store, lambda p, n: spool.on_gone(p, n),
                                 spool.changed_elsewhere, trio.CapacityLimiter(1))

@@ -9,6 +9,7 @@ import errno
 import json
 import mmap
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,45 @@ def test_with_shared_mmap_an_upload_is_written_through_a_mapping(mounter: MountF
     _write_through_a_shared_mapping(q.partial / "mapped", b"mapped\n")
     os.rename(q.partial / "mapped", q.ready / "mapped")
     assert (q.ready / "mapped").read_bytes() == b"mapped\n"
+
+
+def staging_files(store: Path) -> set[int]:
+    return {int(f.name) for f in (store / "staging").glob("*/*") if f.name.isdigit()}
+
+
+def test_uploads_take_staging_files_made_ahead(mounter: MountFactory, store: Path,
+                                               tmp_path: Path) -> None:
+    """A create makes no file on the daemon's event loop: it takes one made ahead (its times
+    those of the create, as a new file's are); unmount removes the files not taken, and the
+    next mount those a kill -9 left."""
+    mount = mounter(store, tmp_path / "mnt")
+    queue = Queue.create(mount.path, "q", tmp_path / "scratch")
+    wait_until(lambda: len(staging_files(store)) >= 2, what="staging files made ahead")
+    ahead = staging_files(store)
+    time.sleep(0.05)  # the files made ahead are older than the upload that takes one
+    os.utime(tmp_path)
+    before = os.stat(tmp_path).st_mtime_ns  # now, by the clock file times come from
+    fd = os.open(queue.partial / "a", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(fd)
+    a = os.stat(queue.partial / "a")
+    assert a.st_ino in ahead and a.st_mtime_ns >= before and a.st_ctime_ns >= before
+    for i in range(100):  # creates in a row find files made ahead, in the order made
+        (queue.partial / f"f{i:03d}").write_bytes(b"made ahead\n")
+    ids = [os.stat(queue.partial / f"f{i:03d}").st_ino for i in range(100)]
+    assert ids == sorted(ids) and ids[0] > a.st_ino
+    assert len(set(ids) & staging_files(store)) == 100
+    uploads = staging_files(store) & ({a.st_ino} | set(ids))
+
+    mount.umount()
+    assert staging_files(store) == uploads  # the files not taken are gone
+    mount.start()
+    wait_until(lambda: len(staging_files(store) - uploads) >= 2,
+               what="staging files made ahead")
+    killed = staging_files(store) - uploads
+    mount.kill9()
+    assert staging_files(store) >= killed  # left behind, held by nobody now
+    mount.start()
+    assert not staging_files(store) & killed, "recovery left files of the killed daemon"
+    assert (queue.partial / "f099").read_bytes() == b"made ahead\n"
+    mount.umount()
+    assert staging_files(store) == uploads

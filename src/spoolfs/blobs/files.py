@@ -9,6 +9,7 @@ Staging files ``staging/<entry id>`` hold the content of uploads until it is sea
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -213,6 +214,31 @@ class StagingDir:
         self._bucket(entry_id)
         return os.open(self.path(entry_id), os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
 
+    def create_held(self, entry_id: int) -> int:
+        """``create``, but the file is locked (shared) before its name appears: nothing that
+        judges staging files by their lock (recovery, gc, fsck: ``held``) ever finds it
+        unheld, though no transaction covers its making. Made unnamed (``O_TMPFILE``), locked,
+        then linked in. OSError where the file system cannot (the caller makes its files the
+        other way)."""
+        bucket = os.open(self._bucket(entry_id), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600, dir_fd=bucket)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                # a directory descriptor makes os.link call linkat(), which can follow the
+                # link in /proc to the unnamed file (link() would not)
+                try:
+                    os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
+                except FileExistsError:  # an id used again after a power cut lost its row
+                    self.remove(entry_id)
+                    os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
+            except BaseException:
+                os.close(fd)
+                raise
+        finally:
+            os.close(bucket)
+        return fd
+
     def open(self, entry_id: int, create: bool = False) -> int:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         if create:
@@ -229,6 +255,24 @@ class StagingDir:
                              st.st_mtime_ns if mtime_ns is None else mtime_ns))
         finally:
             os.close(fd)
+
+    def held(self, entry_id: int) -> bool:
+        """Whether a daemon holds the staging file (a lock on it, shared): an upload being
+        written, or a new upload's file made ahead (service/staging_pool.py). Not left over
+        from a crash, whatever any row says."""
+        try:
+            fd = os.open(self.path(entry_id), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise
+        finally:
+            os.close(fd)
+        return False
 
     def remove(self, entry_id: int) -> None:
         try:

@@ -167,11 +167,16 @@ class Content:
             raise StoreFailure(f"blob file of message {entry.id}: {e}") from e
         return Handle(entry.id, fd, None, False)
 
-    def new_upload(self, entry_id: int) -> Handle:
+    def new_upload(self, entry_id: int, made: int | None = None) -> Handle:
         """The empty staging file of a new upload, created and held for writing. Called in
         the transaction that inserts the upload's row, so that from the moment the row is
-        committed another daemon's recovery finds it in use (never a crash leftover)."""
+        committed another daemon's recovery finds it in use (never a crash leftover).
+        ``made``: the file's held descriptor, made ahead (service/staging_pool.py); its
+        times become now, as a new file's are."""
         try:
+            if made is not None:
+                os.utime(made)
+                return Handle(entry_id, made, None, True, sealed=False)
             fd = self.staging.create(entry_id)
         except OSError as e:
             raise staging_error(e, f"staging file of {entry_id}") from e

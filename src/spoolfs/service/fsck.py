@@ -222,7 +222,8 @@ class Fsck:
     def check_staging(self) -> None:
         for sid in self.staging.ids():
             self._tick("staging files")
-            if sid not in self._staged:
+            # held: made ahead by a daemon for its next upload (service/staging_pool.py)
+            if sid not in self._staged and not self.staging.held(sid):
                 path = self.staging.path(sid)
                 if not self._young(path):
                     self._bad(f"orphan staging file {path}")

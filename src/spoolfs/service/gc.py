@@ -7,18 +7,20 @@ Three kinds of garbage:
 - **orphan blob files**: a file under ``blobs/`` that no blob row names (``<sha256>.<id>`` with
   no row ``id`` of that hash stored in a file), left by a crash between placing the file and
   committing its row, or between committing a row's deletion and removing its file;
-- **orphan staging files**: ``staging/<id>`` without a staged message.
+- **orphan staging files**: ``staging/<id>`` without a staged message, held by no daemon (a
+  daemon holds the files it made ahead for its next uploads: service/staging_pool.py).
 
 **Mark**: a read of the store (no lock) and a walk of the directories find candidates; a file is
 a candidate only once it is older than the grace period (its ``ctime``: placing a blob file is a
 ``link``, which sets it, while its ``mtime`` is the upload's last write). **Sweep**: under the
 store's write lock (``Maintenance.write()``: a connection of our own), each candidate is checked
 again and removed only if it is still garbage. A daemon places a blob file or creates a staging
-file inside the write transaction that names it, so while we hold the lock no file is between
-being created and being named. Orphan files are therefore unlinked *before* we give the lock up
-(an id that was never committed may be used again by the next transaction); the file of a blob
-row we delete goes after the commit, as the daemon does it: a committed id is never reused, so
-a later blob with the same content has a file of another name.
+file inside the write transaction that names it (or makes it ahead, held, under an id reserved
+for it), so while we hold the lock no file is between being created and being named. Orphan
+files are therefore unlinked *before* we give the lock up (an id that was never committed may
+be used again by the next transaction); the file of a blob row we delete goes after the commit,
+as the daemon does it: a committed id is never reused, so a later blob with the same content has
+a file of another name.
 
 ``collect`` is used by ``spoolfs gc`` and by ``periodic``, a daemon's background collection (a
 trio task); ``fsck --repair`` uses the sweeps too. A "message" here is any row that holds content,
@@ -179,7 +181,7 @@ def sweep_staging(maint: Maintenance, staging: StagingDir, candidates: Iterable[
         return
     with maint.write() as tx:
         for sid in ids:
-            if tx.is_staged(sid):
+            if tx.is_staged(sid) or staging.held(sid):
                 continue
             if _remove_old(staging.path(sid), grace_ns, now_ns, report, "staging file"):
                 report.staging_files += 1
@@ -211,7 +213,7 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
                 orphan_files.append((name, sha, bid))
         orphan_staging = []
         for sid in staging.ids():
-            if sid in staged:
+            if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
                 continue
             if _old_enough(staging.path(sid), grace_ns, now) is None:
                 report.young += os.path.lexists(staging.path(sid))

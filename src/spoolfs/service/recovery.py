@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import time
@@ -25,22 +23,6 @@ from spoolfs.store.base import Entry, WriteTx
 log = logging.getLogger(__name__)
 
 
-def _in_use(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
-        raise
-    finally:
-        os.close(fd)
-    return False
-
-
 def recover(spool: Spool) -> dict[str, int]:
     r, content = spool.r, spool.content
     counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blob_orphans": 0, "blobs_freed": 0}
@@ -50,7 +32,7 @@ def recover(spool: Spool) -> dict[str, int]:
 
     shared = not spool.place.embedded
     for e in entries:
-        if not e.hidden or _in_use(content.staging.path(e.id)):
+        if not e.hidden or content.staging.held(e.id):
             continue
         if shared and not os.path.exists(content.staging.path(e.id)):
             continue  # being written on another host: that host's daemon judges it
@@ -81,7 +63,7 @@ def recover(spool: Spool) -> dict[str, int]:
         # and no row names is left over from a crash.
         staged = {e.id for e in tx.staged_entries()}
         for sid in content.staging.ids():
-            if sid not in staged and not _in_use(content.staging.path(sid)):
+            if sid not in staged and not content.staging.held(sid):
                 content.staging.remove(sid)
                 counts["staging_orphans"] += 1
         if shared:

@@ -33,6 +33,7 @@ from spoolfs.service.moves import DAEMON, apply
 from spoolfs.service.policies import Policies
 from spoolfs.service.roles import Caller
 from spoolfs.service.snapshots import Full, Snapshots, shown_to
+from spoolfs.service.staging_pool import StagingPool
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 from spoolfs.store.site import Place, embedded
 
@@ -95,6 +96,8 @@ class SpoolCore:
         #: large upload never holds up a claim
         self.limiter = trio.CapacityLimiter(STORE_THREADS)
         self.committer = Committer(store, trio.CapacityLimiter(1))
+        #: new uploads' staging files made ahead, once its ``run`` is started (daemon.py)
+        self.staging_pool = StagingPool(self.place.staging, self._reserve_ids)
         self.committer.queue_name = self._queue_name
         self._queue_names: dict[int, str] = {}
         self.clock = clock
@@ -132,6 +135,9 @@ class SpoolCore:
 
     async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         return await self.committer.submit(fn, durable)
+
+    async def _reserve_ids(self, n: int) -> list[int]:
+        return await self.tx(lambda tx: tx.reserve_entry_ids(n), durable=False)
 
     def _queue_name(self, queue: int | None) -> str:
         """A queue's name for the metrics (looked up once per queue; "" for none)."""

@@ -17,6 +17,7 @@ from spoolfs.core.errors import (
     IsADirectory,
     NotPermitted,
     SpoolError,
+    StoreFailure,
 )
 from spoolfs.core.names import check_message_name
 from spoolfs.core.rules import Action
@@ -50,9 +51,13 @@ class Uploads(Publishing):
 
     async def _new_upload(self, d: Entry, name: bytes, mode: int, who: Who, now: int,
                           **fields: Any) -> tuple[Entry, Handle]:
-        """The row and the empty staging file of a new upload in ``d``, opened for writing."""
+        """The row and the empty staging file of a new upload in ``d``, opened for writing
+        (the file made ahead when the pool has one: service/staging_pool.py)."""
         fields.setdefault("ctime_ns", now)
         made: list[Handle] = []
+        pooled = self.staging_pool.take()
+        if pooled is not None:
+            fields["id"] = pooled[0]
 
         def fn(tx: WriteTx) -> Entry:
             if tx.lookup(d.id, name) is not None:
@@ -60,15 +65,23 @@ class Uploads(Publishing):
             e = tx.insert(parent=d.id, name=name, staged=1, mode=stat.S_IFREG | (mode & 0o7777),
                           uid=who.uid, gid=inherit(d, who.gid, mode, is_dir=False)[0],
                           mtime_ns=now, created_ns=now, **fields)
-            made.append(self.content.new_upload(e.id))  # held before the row commits
+            # held before the row commits
+            made.append(self.content.new_upload(e.id, pooled[1] if pooled else None))
             return e
 
         try:
             e = await self.tx(fn, durable=False)
-        except BaseException:
+        except BaseException as err:
+            if pooled is not None and pooled[1] is not None and not made:
+                # refused before its row was written (the name exists...): no row names
+                # the file; after a failed commit, recovery judges it
+                named = not isinstance(err, SpoolError) or isinstance(err, StoreFailure)
+                self.staging_pool.unused(pooled[0], pooled[1], remove=not named)
             for h in made:  # rolled back: the file names no row (recovery removes it)
                 h.close()
             raise
+        if pooled is None:
+            self.staging_pool.used(e.id)
         return e, self._open_handle(e, writable=True, who=who, handle=made[-1])
 
     async def _create_member(self, d: Entry, name: bytes, mode: int, who: Who

@@ -1,0 +1,182 @@
+"""New uploads' staging files made ahead (service/staging_pool.py): a create takes one and
+makes no file on the event loop; a file made ahead is held, so recovery, gc and fsck never take
+it for a crash's leftover; the ids a daemon hands out only grow; unmount removes what is left,
+and recovery what a crash left."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from helpers.spool import WHO, Q, content, running, upload
+from spoolfs.blobs.files import StagingDir
+from spoolfs.core.errors import Exists
+from spoolfs.core.rules import State
+from spoolfs.service import gc
+from spoolfs.service.fsck import Fsck
+from spoolfs.service.recovery import recover
+from spoolfs.service.spool import Spool
+from spoolfs.service.staging_pool import StagingPool
+from spoolfs.store.registry import open_store
+
+
+async def filled(pool: StagingPool, n: int) -> None:
+    with trio.fail_after(10):
+        while pool.made < n:
+            await trio.sleep(0.01)
+
+
+@pytest.fixture
+async def pooled(tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
+    """A spool (the embedded store) whose pool runs, as the daemon's does; its files stay
+    fresh for a minute here (a test sleeps)."""
+    async with running(tmp_path) as spool:
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        spool.staging_pool = StagingPool(spool.content.staging, spool._reserve_ids, max_age=60)
+        async with trio.open_nursery() as n:
+            n.start_soon(spool.staging_pool.run)
+            await filled(spool.staging_pool, 2)
+            yield spool, Q(spool, qe.id)
+            n.cancel_scope.cancel()
+        spool.staging_pool.close()
+
+
+def files(staging: StagingDir) -> set[int]:
+    return set(staging.ids())
+
+
+async def test_a_create_takes_a_file_made_ahead_and_gives_it_the_time_of_now(
+        pooled: tuple[Spool, Q]) -> None:
+    spool, q = pooled
+    pool, staging = spool.staging_pool, spool.content.staging
+    ahead = sorted(files(staging))
+    assert len(ahead) == 2 and all(staging.held(i) for i in ahead)
+    await trio.sleep(1.1)  # the files are older than the upload that takes one
+    before = time.time_ns()
+    e, h = await spool.create(q[State.PARTIAL], b"a", 0o644, WHO)
+    assert e.id == ahead[0] and pool.taken == 1
+    st = os.stat(staging.path(e.id))
+    assert st.st_mtime_ns >= before - 10_000_000 and spool.times(e)[2] == st.st_mtime_ns
+    spool.write(h, 0, b"made ahead\n")
+    await spool.close(h, WHO)
+    assert content(spool, e.id) == b"made ahead\n"
+
+
+async def test_creates_take_growing_ids_and_the_pool_grows_with_them(
+        pooled: tuple[Spool, Q]) -> None:
+    spool, q = pooled
+    ids = []
+    for i in range(200):
+        ids.append(await upload(spool, q[State.READY], b"r%03d" % i, b"x"))
+        await trio.sleep(0)  # (the pool's thread gets its turn, as between requests)
+    assert ids == sorted(ids) and len(set(ids)) == 200
+    assert [m.name for m in spool.r.children(q[State.READY])] == [b"r%03d" % i
+                                                                 for i in range(200)]
+    assert spool.staging_pool.taken > 100, "creates in a row should find files made ahead"
+
+
+async def test_a_file_made_too_long_ago_is_not_used(tmp_path: Path) -> None:
+    """Another daemon of the store may have created since its id was reserved: listings
+    would show the new upload before older ones."""
+    now = [0.0]
+    staging = StagingDir(str(tmp_path / "staging"))
+    batches = [[5, 6], [7, 8], [9, 10]]
+
+    async def reserve(n: int) -> list[int]:
+        return batches.pop(0)[:n]
+
+    pool = StagingPool(staging, reserve, clock=lambda: now[0])
+    async with trio.open_nursery() as n:
+        n.start_soon(pool.run)
+        await filled(pool, 2)
+        now[0] = 1.5
+        assert pool.take() is None  # 5 and 6 are stale
+        await filled(pool, 4)
+        assert files(staging) == {7, 8}  # removed as the next were made
+        taken = pool.take()
+        assert taken is not None and taken[0] == 7
+        n.cancel_scope.cancel()
+    os.close(taken[1])
+    pool.close()
+    assert files(staging) == {7}  # the one taken stays: its upload's
+
+
+async def test_a_refused_create_leaves_no_file_behind(pooled: tuple[Spool, Q]) -> None:
+    spool, q = pooled
+    staging = spool.content.staging
+    await upload(spool, q[State.PARTIAL], b"a", b"1")
+    with pytest.raises(Exists):
+        await spool.create(q[State.PARTIAL], b"a", 0o644, WHO)
+    staged = {e.id for e in spool.r.staged_entries()}
+    assert all(i in staged or staging.held(i) for i in files(staging))
+    spool.staging_pool.close()
+    assert files(staging) == staged
+
+
+async def test_files_made_ahead_are_left_alone_by_gc_fsck_and_another_daemons_recovery(
+        pooled: tuple[Spool, Q], tmp_path: Path) -> None:
+    spool, _ = pooled
+    staging = spool.content.staging
+    ahead = files(staging)
+    report = gc.collect(str(tmp_path), grace_ns=0)
+    assert report.staging_files == 0 and files(staging) == ahead
+    assert Fsck(str(tmp_path)).run() == []
+    other = open_store(str(tmp_path))
+    try:
+        assert recover(Spool(other, str(tmp_path)))["staging_orphans"] == 0
+    finally:
+        other.close()
+    assert files(staging) == ahead
+
+
+async def test_unmount_removes_the_files_and_recovery_those_a_crash_left(
+        tmp_path: Path) -> None:
+    async with running(tmp_path) as spool:
+        staging = spool.content.staging
+        async with trio.open_nursery() as n:
+            n.start_soon(spool.staging_pool.run)
+            await filled(spool.staging_pool, 2)
+            n.cancel_scope.cancel()
+        spool.staging_pool.close()
+        assert files(staging) == set()
+
+        crashed = StagingPool(staging, spool._reserve_ids)
+        async with trio.open_nursery() as n:
+            n.start_soon(crashed.run)
+            await filled(crashed, 2)
+            n.cancel_scope.cancel()
+        for _, fd, _ in crashed._ready:  # what a kill -9 does: the locks go, the files stay
+            os.close(fd)
+        assert len(files(staging)) == 2
+        assert recover(spool)["staging_orphans"] == 2
+        assert files(staging) == set()
+
+
+async def test_ids_handed_out_only_grow(tmp_path: Path) -> None:
+    """A file made under an id lower than one a create already used (it found the pool
+    empty) is never used: listings keep the order the uploads were created in."""
+    staging = StagingDir(str(tmp_path / "staging"))
+    batches = [[5, 6], [20, 21], [22, 23]]
+
+    async def reserve(n: int) -> list[int]:
+        return batches.pop(0)[:n]
+
+    pool = StagingPool(staging, reserve)
+    pool.used(10)  # a create took id 10 while the pool was empty
+    async with trio.open_nursery() as n:
+        n.start_soon(pool.run)
+        await filled(pool, 2)
+        assert pool.take() is None  # 5 and 6 are below 10
+        await filled(pool, 4)
+        taken = pool.take()
+        assert taken is not None and taken[0] == 20 and staging.held(20)
+        n.cancel_scope.cancel()
+    os.close(taken[1])
+    assert files(staging) == {20, 21}
+    pool.close()
+    assert files(staging) == {20}  # the one taken stays: its upload's
