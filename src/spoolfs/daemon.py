@@ -186,8 +186,10 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
             metrics.cancel()
             spool.committer.close()  # the committer answers what it accepted, then returns
     log.info("fuse session ended: %d commits for %d requests; lifecycle: %d lease(s) expired, "
-             "%d retried, %d purged", spool.committer.batches, spool.committer.requests,
-             lifecycle.expired, lifecycle.retried, lifecycle.purged)
+             "%d retried, %d purged; %d staging file(s) made ahead, %d used",
+             spool.committer.batches, spool.committer.requests, lifecycle.expired,
+             lifecycle.retried, lifecycle.purged, spool.staging_pool.made,
+             spool.staging_pool.taken)
 
 
 async def _metrics(scope: trio.CancelScope, listeners: list[socket.socket], spool: Spool,
