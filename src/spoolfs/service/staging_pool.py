@@ -10,9 +10,11 @@ the row is inserted with that id, and no file system call remains but setting it
 
 Ids are the order listings show (oldest first), so a file made ahead is used only while its
 id is fresh: within ``MAX_AGE`` of its reservation (another daemon of the store creates
-meanwhile) and above every id this daemon already handed out (a create that found the pool
-empty took a new one); otherwise it is removed unused. The pool keeps twice the creates of the
-last second ready (at least 2, at most ``SIZE``), so a lone create now and then wastes little.
+meanwhile) and above every id this daemon already handed out; otherwise it is removed unused.
+A create that finds no file made takes the next id reserved and makes its own file (as without
+a pool: a burst never outruns the order), or, with none reserved, a new id. The pool keeps
+twice the creates of the last second (at least 2, at most ``SIZE``), so a lone create now and
+then wastes little.
 Every file of the pool is held: recovery, fsck and gc leave held files alone
 (``StagingDir.held``); a pool's files are removed at unmount, and after a crash, held by
 nobody and named by no row, by recovery at the next mount.
