@@ -152,6 +152,8 @@ async def test_unmount_removes_the_files_and_recovery_those_a_crash_left(
             n.cancel_scope.cancel()
         for _, fd, _ in crashed._ready:  # what a kill -9 does: the locks go, the files stay
             os.close(fd)
+        if crashed._dir is not None:
+            os.close(crashed._dir[1])
         assert len(files(staging)) == 2
         assert recover(spool)["staging_orphans"] == 2
         assert files(staging) == set()
@@ -180,3 +182,23 @@ async def test_ids_handed_out_only_grow(tmp_path: Path) -> None:
     assert files(staging) == {20, 21}
     pool.close()
     assert files(staging) == {20}  # the one taken stays: its upload's
+
+
+async def test_files_go_into_their_ids_buckets(tmp_path: Path) -> None:
+    staging = StagingDir(str(tmp_path / "staging"))
+    ids = [4094, 4095, 4096, 4097]
+
+    async def reserve(n: int) -> list[int]:
+        return ids
+
+    pool = StagingPool(staging, reserve, size=4)
+    pool.target = lambda: 4  # type: ignore[method-assign]
+    async with trio.open_nursery() as n:
+        n.start_soon(pool.run)
+        await filled(pool, 4)
+        n.cancel_scope.cancel()
+    assert files(staging) == set(ids) and all(staging.held(i) for i in ids)
+    assert os.path.exists(staging.path(4095)) and os.path.exists(staging.path(4096))
+    assert os.path.dirname(staging.path(4095)) != os.path.dirname(staging.path(4096))
+    pool.close()
+    assert files(staging) == set()

@@ -214,29 +214,31 @@ class StagingDir:
         self._bucket(entry_id)
         return os.open(self.path(entry_id), os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
 
-    def create_held(self, entry_id: int) -> int:
+    def bucket(self, entry_id: int) -> tuple[int, int]:
+        """(The bucket's number, a descriptor of its directory) for ``create_held``: the
+        caller closes it."""
+        return entry_id >> self.BUCKET_BITS, os.open(self._bucket(entry_id),
+                                                     os.O_RDONLY | os.O_DIRECTORY)
+
+    def create_held(self, entry_id: int, bucket: int) -> int:
         """``create``, but the file is locked (shared) before its name appears: nothing that
         judges staging files by their lock (recovery, gc, fsck: ``held``) ever finds it
         unheld, though no transaction covers its making. Made unnamed (``O_TMPFILE``), locked,
-        then linked in. OSError where the file system cannot (the caller makes its files the
-        other way)."""
-        bucket = os.open(self._bucket(entry_id), os.O_RDONLY | os.O_DIRECTORY)
+        then linked in (``bucket``: the descriptor of its bucket's directory). OSError where
+        the file system cannot (the caller makes its files the other way)."""
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600, dir_fd=bucket)
         try:
-            fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600, dir_fd=bucket)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            # a directory descriptor makes os.link call linkat(), which can follow the link
+            # in /proc to the unnamed file (link() would not)
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                # a directory descriptor makes os.link call linkat(), which can follow the
-                # link in /proc to the unnamed file (link() would not)
-                try:
-                    os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
-                except FileExistsError:  # an id used again after a power cut lost its row
-                    self.remove(entry_id)
-                    os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
-            except BaseException:
-                os.close(fd)
-                raise
-        finally:
-            os.close(bucket)
+                os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
+            except FileExistsError:  # an id used again after a power cut lost its row
+                self.remove(entry_id)
+                os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def open(self, entry_id: int, create: bool = False) -> int:

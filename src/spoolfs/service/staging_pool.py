@@ -66,6 +66,7 @@ class StagingPool:
         self._ready: deque[tuple[int, int, float]] = deque()  # (id, held descriptor, when)
         self._spare: list[tuple[int, int]] = []  # not to be used: removed by the thread
         self._closed = False
+        self._dir: tuple[int, int] | None = None  # the thread's: (bucket, its descriptor)
         self._last = 0  # the highest entry id handed out here
         self._creates: deque[float] = deque()  # when the creates of the last max_age came
         self._wanted = trio.Event()
@@ -163,13 +164,23 @@ class StagingPool:
                 if self._closed or not self._pending:
                     return
                 eid, when = self._pending.popleft()  # no longer the loop's to take
-            fd = self.staging.create_held(eid)
+            fd = self.staging.create_held(eid, self._bucket(eid))
             with self._lock:
                 if not self._closed:
                     self._ready.append((eid, fd, when))
                     self.made += 1
                     continue
             self._drop([(eid, fd)])
+
+    def _bucket(self, eid: int) -> int:
+        """(The worker thread.) The directory descriptor of ``eid``'s bucket, kept while ids
+        stay in it (two system calls less per file)."""
+        if self._dir is None or self._dir[0] != eid >> self.staging.BUCKET_BITS:
+            if self._dir is not None:
+                os.close(self._dir[1])
+                self._dir = None
+            self._dir = self.staging.bucket(eid)
+        return self._dir[1]
 
     def _drop(self, files: list[tuple[int, int]]) -> None:
         for eid, fd in files:
@@ -184,4 +195,7 @@ class StagingPool:
             self._ready.clear()
             self._pending.clear()
             self._spare = []
+            if self._dir is not None:
+                os.close(self._dir[1])
+                self._dir = None
         self._drop(left)
