@@ -197,8 +197,12 @@ class StagingDir:
                 moved += 1
         return moved
 
+    def bucket_of(self, entry_id: int) -> int:
+        """The number of the bucket (directory) that holds ``entry_id``'s file."""
+        return entry_id >> self.BUCKET_BITS
+
     def _bucket(self, entry_id: int) -> str:
-        b = entry_id >> self.BUCKET_BITS
+        b = self.bucket_of(entry_id)
         d = os.path.join(self.root, f"{b:x}")
         if b not in self._made:
             os.makedirs(d, PRIVATE_DIR, exist_ok=True)
@@ -206,7 +210,7 @@ class StagingDir:
         return d
 
     def path(self, entry_id: int) -> str:
-        return os.path.join(self.root, f"{entry_id >> self.BUCKET_BITS:x}", str(entry_id))
+        return os.path.join(self.root, f"{self.bucket_of(entry_id):x}", str(entry_id))
 
     def create(self, entry_id: int) -> int:
         """An empty staging file for a new upload (its bucket made on first use), open for
@@ -214,11 +218,10 @@ class StagingDir:
         self._bucket(entry_id)
         return os.open(self.path(entry_id), os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
 
-    def bucket(self, entry_id: int) -> tuple[int, int]:
-        """(The bucket's number, a descriptor of its directory) for ``create_held``: the
-        caller closes it."""
-        return entry_id >> self.BUCKET_BITS, os.open(self._bucket(entry_id),
-                                                     os.O_RDONLY | os.O_DIRECTORY)
+    def open_bucket(self, entry_id: int) -> int:
+        """A descriptor of the directory of ``entry_id``'s bucket (made on first use), for
+        ``create_held``: the caller closes it."""
+        return os.open(self._bucket(entry_id), os.O_RDONLY | os.O_DIRECTORY)
 
     def create_held(self, entry_id: int, bucket: int) -> int:
         """``create``, but the file is locked (shared) before its name appears: nothing that

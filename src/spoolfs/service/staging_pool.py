@@ -70,6 +70,7 @@ class StagingPool:
         self._last = 0  # the highest entry id handed out here
         self._creates: deque[float] = deque()  # when the creates of the last max_age came
         self._wanted = trio.Event()
+        self._running = False  # ``run`` keeps it filled (else ``take`` has nothing to do)
         self.made = 0
         self.taken = 0
 
@@ -82,6 +83,8 @@ class StagingPool:
         """For a new upload's row: an entry id and its empty staging file, open for reading
         and writing and held; or an id reserved whose file is not made yet (None: the caller
         makes it, as without a pool); or None when no fresh id is reserved."""
+        if not self._running:
+            return None
         now = self.clock()
         self._creates.append(now)
         while self._creates[0] < now - self.max_age:
@@ -128,6 +131,13 @@ class StagingPool:
         """Keep ids reserved and their files made until cancelled (at unmount; ``close``
         then removes what is left). Where files cannot be made ahead, creates make their
         own, as without a pool."""
+        self._running = True
+        try:
+            await self._keep_filled()
+        finally:
+            self._running = False
+
+    async def _keep_filled(self) -> None:
         pause = 0.0
         while True:
             want = self.target() - len(self._ready) - len(self._pending)
@@ -175,11 +185,11 @@ class StagingPool:
     def _bucket(self, eid: int) -> int:
         """(The worker thread.) The directory descriptor of ``eid``'s bucket, kept while ids
         stay in it (two system calls less per file)."""
-        if self._dir is None or self._dir[0] != eid >> self.staging.BUCKET_BITS:
+        bucket = self.staging.bucket_of(eid)
+        if self._dir is None or self._dir[0] != bucket:
             if self._dir is not None:
                 os.close(self._dir[1])
-                self._dir = None
-            self._dir = self.staging.bucket(eid)
+            self._dir = (bucket, self.staging.open_bucket(eid))
         return self._dir[1]
 
     def _drop(self, files: list[tuple[int, int]]) -> None:
