@@ -4,6 +4,7 @@ leases kept only by what a client does, and a daemon restart under the export.""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -83,10 +84,11 @@ def test_an_unsynced_create_is_no_ghost(exported: tuple[Mount, NfsServer, Queue]
     assert (q.ready / "late").read_bytes() == _body("late")
 
 
-def _consume(claim: object, name: str, log: list[tuple[str, str, bytes]]) -> None:
+def _consume(claim: object, name: str, work: float, log: list[tuple[str, str, bytes]],
+             stop: threading.Event) -> None:
     """The seed's loop: list ready/, test each name with ``[ -e ]``, claim it by rename into
-    the own view, read it, work on it, finish it. ``claim`` is an NfsClient or a local mount
-    path."""
+    the own view, read it, work on it, finish it; until ready/ is empty or ``stop`` is set.
+    ``claim`` is an NfsClient or a local mount path."""
     if isinstance(claim, NfsClient):
         c = claim
         c.mkdir(f"q/working/{name}")
@@ -101,12 +103,17 @@ def _consume(claim: object, name: str, log: list[tuple[str, str, bytes]]) -> Non
             with open(p, "rb") as f:
                 return f.read()
     order = random.Random(name)
-    while True:
-        names = listdir(f"{base}q/ready")
+    while not stop.is_set():
+        try:
+            names = listdir(f"{base}q/ready")
+        except FileNotFoundError:
+            continue  # over NFS: a name the server was listing was claimed meanwhile
         if not names:
             return
         order.shuffle(names)  # consumers meet on some names, not on every one
         for n in names:
+            if stop.is_set():
+                return
             if not exists(f"{base}q/ready/{n}"):
                 continue  # another consumer took it since the listing
             try:
@@ -116,8 +123,51 @@ def _consume(claim: object, name: str, log: list[tuple[str, str, bytes]]) -> Non
                     continue  # another consumer won it
                 raise
             log.append((name, n, read(f"{base}q/working/{name}/{n}")))
-            time.sleep(0.002)  # the work: a local consumer would otherwise take everything
+            time.sleep(work)  # 2 ms: a local consumer would otherwise take everything
             rename(f"{base}q/working/{name}/{n}", f"{base}q/success/{n}")
+
+
+def _run_consumers(consumers: list[tuple[object, str, float]], log: list[tuple[str, str, bytes]],
+                   ready: Path, close: bool = True) -> list[BaseException]:
+    """Run ``_consume`` for each (NfsClient or mount path, name, work) in a thread of its own until
+    all return. Consumers still running once ready/ has been empty and nothing was claimed
+    for a while are stopped and reported (a listing that keeps showing claimed names would
+    otherwise spin for ever). The clients are closed (``close``), but never one whose thread
+    may still use it."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def run(who: object, name: str, work: float) -> None:
+        try:
+            _consume(who, name, work, log, stop)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=c, name=c[1]) for c in consumers]
+    for t in threads:
+        t.start()
+    claimed, since = -1, time.monotonic()
+    while any(t.is_alive() for t in threads):
+        time.sleep(0.2)
+        waiting = len(os.listdir(ready))
+        if len(log) != claimed:
+            claimed, since = len(log), time.monotonic()
+        elif time.monotonic() - since > patience(20 if not waiting else 60):
+            left = [t.name for t in threads if t.is_alive()]
+            errors.append(AssertionError(
+                f"nothing claimed for {time.monotonic() - since:.0f} s with {waiting} "
+                f"message(s) in ready/; still running: {left}"))
+            stop.set()
+            break
+    for t in threads:
+        t.join(timeout=patience(60))  # a libnfs call gives up after its 20 s timeout
+    for (who, *_), t in zip(consumers, threads):
+        if isinstance(who, NfsClient):
+            if t.is_alive():
+                errors.append(AssertionError(f"{t.name} is stuck in a call to the server"))
+            elif close:
+                who.close()
+    return errors
 
 
 def test_claims_are_exactly_once_over_nfs_and_local(
@@ -135,23 +185,10 @@ def test_claims_are_exactly_once_over_nfs_and_local(
     expected = {f"{k}{i:05d}" for i in range(FILES) for k in "rc"}
     assert set(os.listdir(q.ready)) == expected  # none invisible, no ghost
     log: list[tuple[str, str, bytes]] = []
-    clients = [server.client(v) for v in (3, 4, 3, 4)]
-    errors: list[BaseException] = []
-
-    def run(who: object, name: str) -> None:
-        try:
-            _consume(who, name, log)
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(c, f"nfs{i}")) for i, c in enumerate(clients)]
-    threads += [threading.Thread(target=run, args=(m.path, f"local{i}")) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=patience(600))
-    for c in clients:
-        c.close()
+    consumers: list[tuple[object, str, float]] = [
+        (server.client(v), f"nfs{i}", 0.002) for i, v in enumerate((3, 4, 3, 4))]
+    consumers += [(m.path, f"local{i}", 0.002) for i in range(2)]
+    errors = _run_consumers(consumers, log, q.ready)
     assert not errors, errors
     claimed = Counter(n for _, n, _ in log)
     assert set(claimed) == expected and max(claimed.values()) == 1
@@ -160,6 +197,69 @@ def test_claims_are_exactly_once_over_nfs_and_local(
     assert set(os.listdir(q.path / "success")) == expected
     assert os.listdir(q.ready) == []
     assert all(os.listdir(v) == [] for v in (q.working / d for d in os.listdir(q.working)))
+    _fsck_clean(m)
+
+
+def _ls(c: NfsClient, path: str) -> list[str]:
+    """``ls`` over NFS, again while the listing meets a name claimed meanwhile (ENOENT)."""
+    for _ in range(20):
+        try:
+            return c.listdir(path)
+        except FileNotFoundError:
+            time.sleep(0.05)
+    return c.listdir(path)
+
+
+def test_listings_over_nfs_follow_claims_made_here(
+        exported: tuple[Mount, NfsServer, Queue]) -> None:
+    """NFS clients list ready/ and try every name while a local consumer claims them all,
+    in order, as fast as it goes: once ready/ is empty, every client lists it empty
+    (nfs-ganesha's listing cache kept some names claimed under it for good, so a consumer
+    listing them spun for ever: mount-examples/ganesha.conf). Three rounds."""
+    m, server, q = exported
+    clients = [server.client(v) for v in (3, 4, 3, 4)]
+    for i, c in enumerate(clients):
+        c.mkdir(f"q/working/nfs{i}")
+    os.mkdir(q.working / "local")
+    errors: list[BaseException] = []
+    for rnd in range(3):
+        names = [f"m{rnd}-{i:04d}" for i in range(2 * FILES)]
+        for n in names:
+            (q.partial / n).write_bytes(_body(n))
+            os.rename(q.partial / n, q.ready / n)
+        stop = threading.Event()
+
+        def tries(i: int, c: NfsClient) -> None:
+            try:
+                while not stop.is_set():
+                    for n in _ls(c, "q/ready"):
+                        if stop.is_set():
+                            return
+                        if c.exists(f"q/ready/{n}"):
+                            with contextlib.suppress(FileNotFoundError):
+                                c.rename(f"q/ready/{n}", f"q/working/nfs{i}/{n}")
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=tries, args=ic) for ic in enumerate(clients)]
+        for t in threads:
+            t.start()
+        for n in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(q.ready / n, q.working / "local" / n)
+        stop.set()
+        for t in threads:
+            t.join(timeout=patience(60))  # a libnfs call gives up after its 20 s timeout
+        assert not any(t.is_alive() for t in threads), "a client is stuck in a call"
+        assert not errors, errors
+        assert os.listdir(q.ready) == []
+        seen = {f"v{c.version}#{i}": _ls(c, "q/ready") for i, c in enumerate(clients)}
+        assert all(v == [] for v in seen.values()), {k: len(v) for k, v in seen.items()}
+        claimed = [n for d in os.listdir(q.working) for n in os.listdir(q.working / d)
+                   if n.startswith(f"m{rnd}-")]
+        assert sorted(claimed) == names  # each exactly once
+    for c in clients:
+        c.close()
     _fsck_clean(m)
 
 
@@ -227,7 +327,6 @@ def _listing(c: NfsClient, path: str) -> list[str] | None:
         return sorted(c.listdir(path))
     except OSError:
         return None
-
 
 
 def test_removed_names_can_be_created_again_over_nfs4(
