@@ -84,7 +84,7 @@ def test_an_unsynced_create_is_no_ghost(exported: tuple[Mount, NfsServer, Queue]
     assert (q.ready / "late").read_bytes() == _body("late")
 
 
-def _consume(claim: object, name: str, work: float, log: list[tuple[str, str, bytes]],
+def _consume(claim: object, name: str, log: list[tuple[str, str, bytes]],
              stop: threading.Event) -> None:
     """The seed's loop: list ready/, test each name with ``[ -e ]``, claim it by rename into
     the own view, read it, work on it, finish it; until ready/ is empty or ``stop`` is set.
@@ -123,22 +123,22 @@ def _consume(claim: object, name: str, work: float, log: list[tuple[str, str, by
                     continue  # another consumer won it
                 raise
             log.append((name, n, read(f"{base}q/working/{name}/{n}")))
-            time.sleep(work)  # 2 ms: a local consumer would otherwise take everything
+            time.sleep(0.002)  # the work: a local consumer would otherwise take everything
             rename(f"{base}q/working/{name}/{n}", f"{base}q/success/{n}")
 
 
-def _run_consumers(consumers: list[tuple[object, str, float]],
+def _run_consumers(consumers: list[tuple[object, str]],
                    log: list[tuple[str, str, bytes]], ready: Path) -> list[BaseException]:
-    """Run ``_consume`` for each (NfsClient or mount path, name, work) in a thread of its
+    """Run ``_consume`` for each (NfsClient or mount path, name) in a thread of its
     own until all return. Consumers still running once nothing was claimed for a while are
     stopped and reported (a listing that kept showing claimed names spun for ever). The
     clients are closed then, but never one whose thread may still use it."""
     errors: list[BaseException] = []
     stop = threading.Event()
 
-    def run(who: object, name: str, work: float) -> None:
+    def run(who: object, name: str) -> None:
         try:
-            _consume(who, name, work, log, stop)
+            _consume(who, name, log, stop)
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -158,15 +158,20 @@ def _run_consumers(consumers: list[tuple[object, str, float]],
                 f"message(s) in ready/; still running: {left}"))
             stop.set()
             break
+    stuck = _join(threads)
+    errors += [AssertionError(f"{name} is stuck in a call to the server") for name in stuck]
+    for who, name in consumers:
+        if isinstance(who, NfsClient) and name not in stuck:
+            who.close()
+    return errors
+
+
+def _join(threads: list[threading.Thread]) -> list[str]:
+    """Wait for ``threads``; the names of those still running (stuck: their NfsClient must
+    not be closed under them)."""
     for t in threads:
         t.join(timeout=patience(60))  # a libnfs call gives up after its 20 s timeout
-    for (who, *_), t in zip(consumers, threads):
-        if isinstance(who, NfsClient):
-            if t.is_alive():
-                errors.append(AssertionError(f"{t.name} is stuck in a call to the server"))
-            else:
-                who.close()
-    return errors
+    return [t.name for t in threads if t.is_alive()]
 
 
 def test_claims_are_exactly_once_over_nfs_and_local(
@@ -184,9 +189,9 @@ def test_claims_are_exactly_once_over_nfs_and_local(
     expected = {f"{k}{i:05d}" for i in range(FILES) for k in "rc"}
     assert set(os.listdir(q.ready)) == expected  # none invisible, no ghost
     log: list[tuple[str, str, bytes]] = []
-    consumers: list[tuple[object, str, float]] = [
-        (server.client(v), f"nfs{i}", 0.002) for i, v in enumerate((3, 4, 3, 4))]
-    consumers += [(m.path, f"local{i}", 0.002) for i in range(2)]
+    consumers: list[tuple[object, str]] = [
+        (server.client(v), f"nfs{i}") for i, v in enumerate((3, 4, 3, 4))]
+    consumers += [(m.path, f"local{i}") for i in range(2)]
     errors = _run_consumers(consumers, log, q.ready)
     assert not errors, errors
     claimed = Counter(n for _, n, _ in log)
@@ -210,19 +215,18 @@ def test_listings_over_nfs_follow_claims_made_here(
     for i, c in enumerate(clients):
         c.mkdir(f"q/working/nfs{i}")
     os.mkdir(q.working / "local")
-    threads: list[threading.Thread] = []
+    stuck: list[str] = []
     try:
         for rnd in range(3):
-            _claim_round(q, clients, rnd, threads)
+            _claim_round(q, clients, rnd, stuck)
     finally:
-        if not any(t.is_alive() for t in threads):
+        if not stuck:
             for c in clients:
                 c.close()
     _fsck_clean(m)
 
 
-def _claim_round(q: Queue, clients: list[NfsClient], rnd: int,
-                 threads: list[threading.Thread]) -> None:
+def _claim_round(q: Queue, clients: list[NfsClient], rnd: int, stuck: list[str]) -> None:
     """One round of the test above: 600 published here and claimed here, in order, while
     the clients list ready/ and try every name; then every client lists ready/ empty."""
     names = [f"m{rnd}-{i:04d}" for i in range(2 * FILES)]
@@ -248,16 +252,16 @@ def _claim_round(q: Queue, clients: list[NfsClient], rnd: int,
         except BaseException as e:  # reported below
             errors.append(e)
 
-    threads[:] = [threading.Thread(target=tries, args=ic) for ic in enumerate(clients)]
+    threads = [threading.Thread(target=tries, args=(i, c), name=f"nfs{i}")
+               for i, c in enumerate(clients)]
     for t in threads:
         t.start()
     for n in names:
         with contextlib.suppress(FileNotFoundError):
             os.rename(q.ready / n, q.working / "local" / n)
     stop.set()
-    for t in threads:
-        t.join(timeout=patience(60))  # a libnfs call gives up after its 20 s timeout
-    assert not any(t.is_alive() for t in threads), "a client is stuck in a call"
+    stuck += _join(threads)
+    assert not stuck, f"{stuck} stuck in a call to the server"
     assert not errors, errors
     assert os.listdir(q.ready) == []
     seen = {f"v{c.version}#{i}": c.listdir("q/ready") for i, c in enumerate(clients)}

@@ -198,7 +198,8 @@ class StagingPool:
             os.close(fd)
 
     def close(self) -> None:
-        """Remove the files not handed out (at unmount, after the last create)."""
+        """Remove the files not handed out (at unmount, after the last create, and after
+        ``run`` returned: its thread no longer uses the bucket's descriptor)."""
         with self._lock:
             self._closed = True
             left = [(eid, fd) for eid, fd, _ in self._ready] + self._spare
