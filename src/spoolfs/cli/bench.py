@@ -259,36 +259,24 @@ def claims(q: Queue, n: int, consumers: int) -> Round:
     ready = q.state("ready")
     won: list[list[str]] = [[] for _ in range(consumers)]
     lost = [0] * consumers
-    failures: list[Exception] = []
-    barrier = threading.Barrier(consumers + 1)
 
     def consume(c: int) -> None:
         dst = q.consumer(c + 1)
-        barrier.wait()
-        try:
-            for name in names:
-                if _stop.is_set():
-                    return
-                try:
-                    os.rename(os.path.join(ready, name), os.path.join(dst, name))
-                except FileNotFoundError:
-                    lost[c] += 1
-                else:
-                    won[c].append(name)
-        except Exception as e:  # noqa: BLE001 (re-raised by the main thread)
-            failures.append(e)
+        for name in names:
+            if _stop.is_set():
+                return
+            try:
+                os.rename(os.path.join(ready, name), os.path.join(dst, name))
+            except FileNotFoundError:
+                lost[c] += 1
+            else:
+                won[c].append(name)
 
-    threads = [threading.Thread(target=consume, args=(c,), daemon=True) for c in range(consumers)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
+    try:
+        elapsed = benchloads.in_threads(consumers, consume)
+    except Exception as e:
+        raise BenchError(f"a consumer failed: {e!r}") from e
     check_stop()
-    if failures:
-        raise BenchError(f"a consumer failed: {failures[0]!r}")
     problems = verify_claims(q, names, won)
     if sum(lost) + sum(map(len, won)) != n * consumers:
         problems.append(f"{sum(lost)} lost + {sum(map(len, won))} won != {n} x {consumers} tries")
