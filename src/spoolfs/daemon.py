@@ -16,6 +16,7 @@ import trio
 
 from spoolfs import metrics_http, mounttable
 from spoolfs.core.errors import SpoolError, StoreFailure, UserError
+from spoolfs.fuse import session
 from spoolfs.fuse.ops import Operations
 from spoolfs.notify import notify
 from spoolfs.runtime import make_runtime_dir, pidfile
@@ -134,7 +135,8 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
                 f.write(f"{os.getpid()}\n")
             log.info("mounted %s on %s (pid %d)", place.name, mountpoint, os.getpid())
             try:
-                trio.run(_main, spool, on_ready, listeners, root_id if root_id != 1 else None)
+                trio.run(_main, spool, on_ready, listeners, root_id if root_id != 1 else None,
+                         instruments=session.install())
             finally:
                 pyfuse3.close(unmount=True)
         finally:

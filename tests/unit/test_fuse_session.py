@@ -1,0 +1,227 @@
+"""The lock pyfuse3's request loop waits under (fuse/session.py), driven by a copy of that loop
+(pyfuse3 3.5, internal.pxi: ``_session_loop`` and ``_wait_fuse_readable``) over a socket pair
+standing for ``/dev/fuse``: a handler that never blocks keeps one task serving every request;
+one that blocks hands the reading over, so that a request it waits for is still read."""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pyfuse3
+import pytest
+import trio
+import trio.lowlevel
+
+from spoolfs.fuse import session
+from spoolfs.fuse.session import ReaderLock
+
+Handler = Callable[[bytes], Awaitable[None]]
+
+
+class Steps(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.of: Counter[trio.lowlevel.Task] = Counter()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.of[task] += 1
+
+
+class Loop:
+    """pyfuse3's loop, line for line but for the buffer handling."""
+
+    def __init__(self, lock: Any, fd: socket.socket, handler: Handler) -> None:
+        self.lock, self.fd, self.handler = lock, fd, handler
+        self.active_readers = 0
+        self.task_count = 0
+        self.handled_by: Counter[trio.lowlevel.Task] = Counter()
+        self.tasks: set[trio.lowlevel.Task] = set()
+
+    async def _wait_readable(self) -> bool:
+        self.active_readers += 1
+        try:
+            async with self.lock:
+                await trio.lowlevel.wait_readable(self.fd)
+        except trio.ClosedResourceError:
+            return False
+        finally:
+            self.active_readers -= 1
+        return True
+
+    async def run(self, nursery: trio.Nursery, min_tasks: int = 1, max_tasks: int = 99) -> None:
+        me = trio.lowlevel.current_task()
+        self.tasks.add(me)
+        while True:
+            if self.active_readers > min_tasks:
+                break
+            if not await self._wait_readable():
+                break
+            request = self.fd.recv(1)
+            if not self.active_readers and self.task_count < max_tasks:
+                self.task_count += 1
+                nursery.start_soon(self.run, nursery, min_tasks, max_tasks)
+            self.handled_by[me] += 1
+            await self.handler(request)
+        self.task_count -= 1
+
+
+async def serve(lock: Any, handler: Handler, client: Callable[[socket.socket], Awaitable[None]],
+                steps: Steps | None = None) -> Loop:
+    theirs, ours = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    loop = Loop(lock, ours, handler)
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                loop.task_count = 1
+                nursery.start_soon(loop.run, nursery)
+                await client(theirs)
+                nursery.cancel_scope.cancel()
+    finally:
+        ours.close()
+        theirs.close()
+    return loop
+
+
+def handover_lock() -> tuple[ReaderLock, trio.abc.Instrument]:
+    lock = ReaderLock()
+    instrument = session._Handover(lock)
+    trio.lowlevel.add_instrument(instrument)
+    return lock, instrument
+
+
+async def _sequential(fd: socket.socket, replies: trio.MemoryReceiveChannel[bytes],
+                      n: int) -> None:
+    for _ in range(n):
+        fd.send(b"r")
+        assert await replies.receive() == b"r"
+
+
+@pytest.mark.parametrize("handover", [False, True], ids=["trio.Lock", "ReaderLock"])
+async def test_requests_that_never_block_are_served_by_one_task(handover: bool) -> None:
+    lock, instrument = handover_lock() if handover else (trio.Lock(), None)
+    steps = Steps()
+    trio.lowlevel.add_instrument(steps)
+    send, receive = trio.open_memory_channel[bytes](10)
+
+    async def handler(request: bytes) -> None:
+        send.send_nowait(request)
+
+    try:
+        loop = await serve(lock, handler, lambda fd: _sequential(fd, receive, 200))
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+        if instrument is not None:
+            trio.lowlevel.remove_instrument(instrument)
+    assert sum(loop.handled_by.values()) == 200 and len(loop.tasks) == 2
+    idle = min(loop.tasks, key=lambda t: loop.handled_by[t])
+    if handover:  # the second task, made at the first request, waits and is never woken
+        assert loop.handled_by[idle] == 0
+        assert steps.of[idle] <= 2
+    else:  # every release wakes the other task: they take turns
+        assert loop.handled_by[idle] >= 99
+        assert steps.of[idle] >= 200
+
+
+async def test_a_blocked_handler_hands_the_reading_over() -> None:
+    """Request w waits for request s (as a flush waits for a release): with the reading kept
+    by the task blocked in w, s would never be read."""
+    lock, instrument = handover_lock()
+    s_done = trio.Event()
+    send, receive = trio.open_memory_channel[bytes](10)
+
+    async def handler(request: bytes) -> None:
+        if request == b"w":
+            await s_done.wait()
+        elif request == b"s":
+            s_done.set()
+        send.send_nowait(request)
+
+    async def client(fd: socket.socket) -> None:
+        await _sequential(fd, receive, 20)  # one task serves, the other waits for the lock
+        for _ in range(3):
+            fd.send(b"w")
+            await trio.sleep(0.01)
+            fd.send(b"s")
+            assert {await receive.receive(), await receive.receive()} == {b"w", b"s"}
+        await _sequential(fd, receive, 50)  # and afterwards as before
+
+    try:
+        loop = await serve(lock, handler, client)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    assert sum(loop.handled_by.values()) == 76
+    assert len(loop.tasks) >= 2
+
+
+async def test_handlers_that_block_in_turn_never_lose_a_request() -> None:
+    """Every handler sleeps a little: the tasks pass the reading round while 8 clients send."""
+    lock, instrument = handover_lock()
+    replies: list[bytes] = []
+
+    async def handler(request: bytes) -> None:
+        await trio.sleep(0.001)
+        replies.append(request)
+
+    async def client(fd: socket.socket) -> None:
+        for i in range(400):
+            fd.send(b"%d" % (i % 10))
+            if i % 8 == 7:
+                await trio.sleep(0.002)
+        with trio.fail_after(5):
+            while len(replies) < 400:
+                await trio.sleep(0.01)
+
+    try:
+        loop = await serve(lock, handler, client)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    assert len(replies) == 400 and sum(loop.handled_by.values()) == 400
+
+
+async def test_tasks_waiting_for_the_lock_end_when_cancelled() -> None:
+    lock, instrument = handover_lock()
+    try:
+        async with trio.open_nursery() as nursery:
+            async def hold() -> None:
+                async with lock:
+                    await trio.sleep_forever()
+
+            async def wait() -> None:
+                async with lock:
+                    raise AssertionError("the lock is held")
+
+            nursery.start_soon(hold)
+            await trio.testing.wait_all_tasks_blocked()
+            for _ in range(3):
+                nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        async with lock:  # free again: nobody left waiting or holding
+            pass
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+
+
+def test_install_gives_pyfuse3_trio_with_one_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pyfuse3, "trio", trio, raising=False)
+    first = session.install()
+    shim = pyfuse3.trio  # type: ignore[attr-defined]
+    assert shim is not trio and len(first) == 1
+    assert shim.lowlevel is trio.lowlevel and shim.ClosedResourceError is trio.ClosedResourceError
+    assert shim.open_nursery is trio.open_nursery
+    assert shim.Lock() is shim.Lock()
+    again = session.install()  # a second session in the process: pyfuse3 keeps its first lock
+    assert pyfuse3.trio is shim and len(again) == 1  # type: ignore[attr-defined]
+    assert again[0].lock is shim.Lock()  # type: ignore[attr-defined]
+
+
+def test_install_leaves_pyfuse3_alone_when_it_does_not_run_on_trio(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    other = object()
+    monkeypatch.setattr(pyfuse3, "trio", other, raising=False)
+    assert session.install() == []
+    assert pyfuse3.trio is other  # type: ignore[attr-defined]
