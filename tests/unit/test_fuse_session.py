@@ -30,19 +30,27 @@ class Steps(trio.abc.Instrument):
 
 
 class Loop:
-    """pyfuse3's loop, line for line but for the buffer handling."""
+    """pyfuse3's loop, line for line but for the buffer handling (``exited`` stands for
+    ``fuse_session_exited``, ``terminate`` for ``pyfuse3.terminate``)."""
 
     def __init__(self, lock: Any, fd: socket.socket, handler: Handler) -> None:
         self.lock, self.fd, self.handler = lock, fd, handler
         self.active_readers = 0
         self.task_count = 0
+        self.exited = False
         self.handled_by: Counter[trio.lowlevel.Task] = Counter()
         self.tasks: set[trio.lowlevel.Task] = set()
+
+    def terminate(self) -> None:
+        self.exited = True
+        trio.lowlevel.notify_closing(self.fd)
 
     async def _wait_readable(self) -> bool:
         self.active_readers += 1
         try:
             async with self.lock:
+                if self.exited:
+                    return False
                 await trio.lowlevel.wait_readable(self.fd)
         except trio.ClosedResourceError:
             return False
@@ -53,7 +61,7 @@ class Loop:
     async def run(self, nursery: trio.Nursery, min_tasks: int = 1, max_tasks: int = 99) -> None:
         me = trio.lowlevel.current_task()
         self.tasks.add(me)
-        while True:
+        while not self.exited:
             if self.active_readers > min_tasks:
                 break
             if not await self._wait_readable():
@@ -62,13 +70,19 @@ class Loop:
             if not self.active_readers and self.task_count < max_tasks:
                 self.task_count += 1
                 nursery.start_soon(self.run, nursery, min_tasks, max_tasks)
+            if not request:
+                break
             self.handled_by[me] += 1
             await self.handler(request)
         self.task_count -= 1
 
 
-async def serve(lock: Any, handler: Handler, client: Callable[[socket.socket], Awaitable[None]],
-                steps: Steps | None = None) -> Loop:
+Client = Callable[[socket.socket, Loop], Awaitable[None]]
+
+
+async def serve(lock: Any, handler: Handler, client: Client) -> Loop:
+    """Run the loop until ``client`` returns; then cancel it, unless the client terminated it
+    (then every task must end by itself)."""
     theirs, ours = socket.socketpair()
     ours.setblocking(False)
     theirs.setblocking(False)
@@ -78,8 +92,9 @@ async def serve(lock: Any, handler: Handler, client: Callable[[socket.socket], A
             async with trio.open_nursery() as nursery:
                 loop.task_count = 1
                 nursery.start_soon(loop.run, nursery)
-                await client(theirs)
-                nursery.cancel_scope.cancel()
+                await client(theirs, loop)
+                if not loop.exited:
+                    nursery.cancel_scope.cancel()
     finally:
         ours.close()
         theirs.close()
@@ -111,7 +126,7 @@ async def test_requests_that_never_block_are_served_by_one_task(handover: bool) 
         send.send_nowait(request)
 
     try:
-        loop = await serve(lock, handler, lambda fd: _sequential(fd, receive, 200))
+        loop = await serve(lock, handler, lambda fd, _: _sequential(fd, receive, 200))
     finally:
         trio.lowlevel.remove_instrument(steps)
         if instrument is not None:
@@ -140,7 +155,7 @@ async def test_a_blocked_handler_hands_the_reading_over() -> None:
             s_done.set()
         send.send_nowait(request)
 
-    async def client(fd: socket.socket) -> None:
+    async def client(fd: socket.socket, _: Loop) -> None:
         await _sequential(fd, receive, 20)  # one task serves, the other waits for the lock
         for _ in range(3):
             fd.send(b"w")
@@ -166,7 +181,7 @@ async def test_handlers_that_block_in_turn_never_lose_a_request() -> None:
         await trio.sleep(0.001)
         replies.append(request)
 
-    async def client(fd: socket.socket) -> None:
+    async def client(fd: socket.socket, _: Loop) -> None:
         for i in range(400):
             fd.send(b"%d" % (i % 10))
             if i % 8 == 7:
@@ -180,6 +195,115 @@ async def test_handlers_that_block_in_turn_never_lose_a_request() -> None:
     finally:
         trio.lowlevel.remove_instrument(instrument)
     assert len(replies) == 400 and sum(loop.handled_by.values()) == 400
+
+
+async def test_three_blocked_handlers_wait_for_a_later_request() -> None:
+    lock, instrument = handover_lock()
+    later = trio.Event()
+    send, receive = trio.open_memory_channel[bytes](10)
+
+    async def handler(request: bytes) -> None:
+        if request == b"d":
+            later.set()
+        elif request in (b"a", b"b", b"c"):
+            await later.wait()
+        send.send_nowait(request)
+
+    async def client(fd: socket.socket, _: Loop) -> None:
+        await _sequential(fd, receive, 20)
+        for request in (b"a", b"b", b"c", b"d"):
+            fd.send(request)
+            await trio.sleep(0.005)
+        assert sorted([await receive.receive() for _ in range(4)]) == [b"a", b"b", b"c", b"d"]
+        await _sequential(fd, receive, 20)
+
+    try:
+        loop = await serve(lock, handler, client)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    assert len(loop.tasks) >= 4  # a task blocked in each of a, b, c; one read d
+
+
+async def test_terminate_ends_every_task_blocked_or_waiting() -> None:
+    """pyfuse3.terminate while tasks wait for the lock and others are blocked in handlers:
+    the blocked ones finish, and every task leaves the loop by itself."""
+    lock, instrument = handover_lock()
+    go_on = trio.Event()
+    send, receive = trio.open_memory_channel[bytes](10)
+
+    async def handler(request: bytes) -> None:
+        if request == b"w":
+            await go_on.wait()
+        send.send_nowait(request)
+
+    async def client(fd: socket.socket, loop: Loop) -> None:
+        await _sequential(fd, receive, 20)
+        fd.send(b"w")
+        fd.send(b"w")
+        await trio.testing.wait_all_tasks_blocked()
+        assert loop.task_count >= 3
+        loop.terminate()
+        await trio.testing.wait_all_tasks_blocked()
+        go_on.set()
+
+    try:
+        loop = await serve(lock, handler, client)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    assert loop.task_count == 0  # every task ended by itself, none was cancelled
+    assert [receive.receive_nowait() for _ in range(2)] == [b"w", b"w"]
+
+
+async def test_a_handler_that_raises_ends_the_loop_without_a_stall() -> None:
+    """pyfuse3 lets a handler's exception end its main loop: the others must not hang."""
+    lock, instrument = handover_lock()
+    send, receive = trio.open_memory_channel[bytes](10)
+
+    async def handler(request: bytes) -> None:
+        if request == b"x":
+            raise RuntimeError("handler failed")
+        send.send_nowait(request)
+
+    async def client(fd: socket.socket, _: Loop) -> None:
+        await _sequential(fd, receive, 20)
+        fd.send(b"x")
+        await trio.sleep_forever()
+
+    try:
+        with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match="handler failed"),
+                                flatten_subgroups=True):
+            await serve(lock, handler, client)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+
+
+def test_the_daemon_way_instruments_given_to_trio_run() -> None:
+    """As daemon.py does it: the instrument passed to ``trio.run``."""
+    lock = ReaderLock()
+    s_done = trio.Event
+
+    async def main() -> Loop:
+        done = s_done()
+        send, receive = trio.open_memory_channel[bytes](10)
+
+        async def handler(request: bytes) -> None:
+            if request == b"w":
+                await done.wait()
+            elif request == b"s":
+                done.set()
+            send.send_nowait(request)
+
+        async def client(fd: socket.socket, _: Loop) -> None:
+            await _sequential(fd, receive, 20)
+            fd.send(b"w")
+            await trio.sleep(0.01)
+            fd.send(b"s")
+            assert {await receive.receive(), await receive.receive()} == {b"w", b"s"}
+
+        return await serve(lock, handler, client)
+
+    loop = trio.run(main, instruments=[session._Handover(lock)])
+    assert sum(loop.handled_by.values()) == 22
 
 
 async def test_tasks_waiting_for_the_lock_end_when_cancelled() -> None:
@@ -214,7 +338,7 @@ def test_install_gives_pyfuse3_trio_with_one_lock(monkeypatch: pytest.MonkeyPatc
     assert shim.lowlevel is trio.lowlevel and shim.ClosedResourceError is trio.ClosedResourceError
     assert shim.open_nursery is trio.open_nursery
     assert shim.Lock() is shim.Lock()
-    again = session.install()  # a second session in the process: pyfuse3 keeps its first lock
+    again = session.install()  # a second session in the process: the same lock, handed over
     assert pyfuse3.trio is shim and len(again) == 1  # type: ignore[attr-defined]
     assert again[0].lock is shim.Lock()  # type: ignore[attr-defined]
 

@@ -12,7 +12,9 @@ back in the loop: when the handler blocks (a commit, a sync, a thread), as befor
 that finishes without blocking finds the lock free and keeps it. pyfuse3 takes its lock and
 the rest of trio from its module's ``trio`` name, as its own asyncio mode does (pyfuse3.asyncio
 replaces it): ``install`` puts there a module that is trio but for ``Lock``, and the
-instrument that ``trio.run`` must be given does the deferred hand-over.
+instrument that ``trio.run`` must be given does the deferred hand-over. Without it (another
+``trio.run``, or an instrument trio dropped because it raised) the first release with a task
+waiting would leave every request unread: the lock serves pyfuse3's loop and nothing else.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class _TrioForPyfuse3(types.ModuleType):
 def install() -> list[trio.abc.Instrument]:
     """Give pyfuse3 the lock; return the instruments for the ``trio.run`` of ``pyfuse3.main``
     (none, leaving pyfuse3 as it is, where its ``trio`` is not trio: its asyncio mode).
-    pyfuse3 makes its lock once per process, at its first request."""
+    pyfuse3 asks for its lock at each ``init``, when its loop first runs: always this one."""
     current = getattr(pyfuse3, "trio", None)
     if isinstance(current, _TrioForPyfuse3):  # a session before this one made its lock
         return [_Handover(current.lock)]
