@@ -141,35 +141,43 @@ async def test_requests_that_never_block_are_served_by_one_task(handover: bool) 
         assert steps.of[idle] >= 200
 
 
-async def test_a_blocked_handler_hands_the_reading_over() -> None:
+async def _w_waits_for_s(lock: Any, rounds: int) -> Loop:
     """Request w waits for request s (as a flush waits for a release): with the reading kept
-    by the task blocked in w, s would never be read."""
-    lock, instrument = handover_lock()
+    by the task blocked in w, s would never be read. 20 plain requests first, so that one
+    task serves and the other waits for the lock; 50 more after."""
     s_done = trio.Event()
     send, receive = trio.open_memory_channel[bytes](10)
 
     async def handler(request: bytes) -> None:
+        nonlocal s_done
         if request == b"w":
             await s_done.wait()
         elif request == b"s":
             s_done.set()
+            s_done = trio.Event()
         send.send_nowait(request)
 
     async def client(fd: socket.socket, _: Loop) -> None:
-        await _sequential(fd, receive, 20)  # one task serves, the other waits for the lock
-        for _ in range(3):
+        await _sequential(fd, receive, 20)
+        for _ in range(rounds):
             fd.send(b"w")
             await trio.sleep(0.01)
             fd.send(b"s")
             assert {await receive.receive(), await receive.receive()} == {b"w", b"s"}
-        await _sequential(fd, receive, 50)  # and afterwards as before
+        await _sequential(fd, receive, 50)
 
+    loop = await serve(lock, handler, client)
+    assert sum(loop.handled_by.values()) == 20 + 2 * rounds + 50
+    assert len(loop.tasks) >= 2
+    return loop
+
+
+async def test_a_blocked_handler_hands_the_reading_over() -> None:
+    lock, instrument = handover_lock()
     try:
-        loop = await serve(lock, handler, client)
+        await _w_waits_for_s(lock, 3)
     finally:
         trio.lowlevel.remove_instrument(instrument)
-    assert sum(loop.handled_by.values()) == 76
-    assert len(loop.tasks) >= 2
 
 
 async def test_handlers_that_block_in_turn_never_lose_a_request() -> None:
@@ -280,30 +288,7 @@ async def test_a_handler_that_raises_ends_the_loop_without_a_stall() -> None:
 def test_the_daemon_way_instruments_given_to_trio_run() -> None:
     """As daemon.py does it: the instrument passed to ``trio.run``."""
     lock = ReaderLock()
-    s_done = trio.Event
-
-    async def main() -> Loop:
-        done = s_done()
-        send, receive = trio.open_memory_channel[bytes](10)
-
-        async def handler(request: bytes) -> None:
-            if request == b"w":
-                await done.wait()
-            elif request == b"s":
-                done.set()
-            send.send_nowait(request)
-
-        async def client(fd: socket.socket, _: Loop) -> None:
-            await _sequential(fd, receive, 20)
-            fd.send(b"w")
-            await trio.sleep(0.01)
-            fd.send(b"s")
-            assert {await receive.receive(), await receive.receive()} == {b"w", b"s"}
-
-        return await serve(lock, handler, client)
-
-    loop = trio.run(main, instruments=[session._Handover(lock)])
-    assert sum(loop.handled_by.values()) == 22
+    trio.run(_w_waits_for_s, lock, 1, instruments=[session._Handover(lock)])
 
 
 async def test_tasks_waiting_for_the_lock_end_when_cancelled() -> None:
