@@ -101,11 +101,11 @@ async def serve(lock: Any, handler: Handler, client: Client) -> Loop:
     return loop
 
 
-def handover_lock() -> tuple[ReaderLock, trio.abc.Instrument]:
+def handover_lock() -> ReaderLock:
+    """A lock with its hand-over, for the rest of this trio run (each test has its own)."""
     lock = ReaderLock()
-    instrument = session._Handover(lock)
-    trio.lowlevel.add_instrument(instrument)
-    return lock, instrument
+    trio.lowlevel.add_instrument(session._Handover(lock))
+    return lock
 
 
 async def _sequential(fd: socket.socket, replies: trio.MemoryReceiveChannel[bytes],
@@ -117,7 +117,7 @@ async def _sequential(fd: socket.socket, replies: trio.MemoryReceiveChannel[byte
 
 @pytest.mark.parametrize("handover", [False, True], ids=["trio.Lock", "ReaderLock"])
 async def test_requests_that_never_block_are_served_by_one_task(handover: bool) -> None:
-    lock, instrument = handover_lock() if handover else (trio.Lock(), None)
+    lock = handover_lock() if handover else trio.Lock()
     steps = Steps()
     trio.lowlevel.add_instrument(steps)
     send, receive = trio.open_memory_channel[bytes](10)
@@ -125,12 +125,7 @@ async def test_requests_that_never_block_are_served_by_one_task(handover: bool) 
     async def handler(request: bytes) -> None:
         send.send_nowait(request)
 
-    try:
-        loop = await serve(lock, handler, lambda fd, _: _sequential(fd, receive, 200))
-    finally:
-        trio.lowlevel.remove_instrument(steps)
-        if instrument is not None:
-            trio.lowlevel.remove_instrument(instrument)
+    loop = await serve(lock, handler, lambda fd, _: _sequential(fd, receive, 200))
     assert sum(loop.handled_by.values()) == 200 and len(loop.tasks) == 2
     idle = min(loop.tasks, key=lambda t: loop.handled_by[t])
     if handover:  # the second task, made at the first request, waits and is never woken
@@ -173,16 +168,13 @@ async def _w_waits_for_s(lock: Any, rounds: int) -> Loop:
 
 
 async def test_a_blocked_handler_hands_the_reading_over() -> None:
-    lock, instrument = handover_lock()
-    try:
-        await _w_waits_for_s(lock, 3)
-    finally:
-        trio.lowlevel.remove_instrument(instrument)
+    lock = handover_lock()
+    await _w_waits_for_s(lock, 3)
 
 
 async def test_handlers_that_block_in_turn_never_lose_a_request() -> None:
     """Every handler sleeps a little: the tasks pass the reading round while 8 clients send."""
-    lock, instrument = handover_lock()
+    lock = handover_lock()
     replies: list[bytes] = []
 
     async def handler(request: bytes) -> None:
@@ -198,15 +190,12 @@ async def test_handlers_that_block_in_turn_never_lose_a_request() -> None:
             while len(replies) < 400:
                 await trio.sleep(0.01)
 
-    try:
-        loop = await serve(lock, handler, client)
-    finally:
-        trio.lowlevel.remove_instrument(instrument)
+    loop = await serve(lock, handler, client)
     assert len(replies) == 400 and sum(loop.handled_by.values()) == 400
 
 
 async def test_three_blocked_handlers_wait_for_a_later_request() -> None:
-    lock, instrument = handover_lock()
+    lock = handover_lock()
     later = trio.Event()
     send, receive = trio.open_memory_channel[bytes](10)
 
@@ -225,17 +214,14 @@ async def test_three_blocked_handlers_wait_for_a_later_request() -> None:
         assert sorted([await receive.receive() for _ in range(4)]) == [b"a", b"b", b"c", b"d"]
         await _sequential(fd, receive, 20)
 
-    try:
-        loop = await serve(lock, handler, client)
-    finally:
-        trio.lowlevel.remove_instrument(instrument)
+    loop = await serve(lock, handler, client)
     assert len(loop.tasks) >= 4  # a task blocked in each of a, b, c; one read d
 
 
 async def test_terminate_ends_every_task_blocked_or_waiting() -> None:
     """pyfuse3.terminate while tasks wait for the lock and others are blocked in handlers:
     the blocked ones finish, and every task leaves the loop by itself."""
-    lock, instrument = handover_lock()
+    lock = handover_lock()
     go_on = trio.Event()
     send, receive = trio.open_memory_channel[bytes](10)
 
@@ -254,17 +240,14 @@ async def test_terminate_ends_every_task_blocked_or_waiting() -> None:
         await trio.testing.wait_all_tasks_blocked()
         go_on.set()
 
-    try:
-        loop = await serve(lock, handler, client)
-    finally:
-        trio.lowlevel.remove_instrument(instrument)
+    loop = await serve(lock, handler, client)
     assert loop.task_count == 0  # every task ended by itself, none was cancelled
     assert [receive.receive_nowait() for _ in range(2)] == [b"w", b"w"]
 
 
 async def test_a_handler_that_raises_ends_the_loop_without_a_stall() -> None:
     """pyfuse3 lets a handler's exception end its main loop: the others must not hang."""
-    lock, instrument = handover_lock()
+    lock = handover_lock()
     send, receive = trio.open_memory_channel[bytes](10)
 
     async def handler(request: bytes) -> None:
@@ -277,12 +260,9 @@ async def test_a_handler_that_raises_ends_the_loop_without_a_stall() -> None:
         fd.send(b"x")
         await trio.sleep_forever()
 
-    try:
-        with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match="handler failed"),
-                                flatten_subgroups=True):
-            await serve(lock, handler, client)
-    finally:
-        trio.lowlevel.remove_instrument(instrument)
+    with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match="handler failed"),
+                            flatten_subgroups=True):
+        await serve(lock, handler, client)
 
 
 def test_the_daemon_way_instruments_given_to_trio_run() -> None:
@@ -292,27 +272,25 @@ def test_the_daemon_way_instruments_given_to_trio_run() -> None:
 
 
 async def test_tasks_waiting_for_the_lock_end_when_cancelled() -> None:
-    lock, instrument = handover_lock()
-    try:
-        async with trio.open_nursery() as nursery:
-            async def hold() -> None:
-                async with lock:
-                    await trio.sleep_forever()
+    lock = handover_lock()
 
-            async def wait() -> None:
-                async with lock:
-                    raise AssertionError("the lock is held")
+    async def hold() -> None:
+        async with lock:
+            await trio.sleep_forever()
 
-            nursery.start_soon(hold)
-            await trio.testing.wait_all_tasks_blocked()
-            for _ in range(3):
-                nursery.start_soon(wait)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.cancel_scope.cancel()
-        async with lock:  # free again: nobody left waiting or holding
-            pass
-    finally:
-        trio.lowlevel.remove_instrument(instrument)
+    async def wait() -> None:
+        async with lock:
+            raise AssertionError("the lock is held")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hold)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(3):
+            nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    async with lock:  # free again: nobody left waiting or holding
+        pass
 
 
 def test_install_gives_pyfuse3_trio_with_one_lock(monkeypatch: pytest.MonkeyPatch) -> None:
