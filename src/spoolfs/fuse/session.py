@@ -69,10 +69,13 @@ class _Handover(trio.abc.Instrument):
 
 
 class _TrioForPyfuse3(types.ModuleType):
-    """trio, but for ``Lock``."""
+    """trio, but for ``Lock``. trio's names are copied in, so that the loop's lookups of
+    ``trio.lowlevel`` at each request find them without a call to ``__getattr__``."""
 
     def __init__(self, lock: ReaderLock) -> None:
         super().__init__("trio")
+        vars(self).update((k, v) for k, v in vars(trio).items()
+                          if not k.startswith("__") and k != "Lock")
         self.lock = lock
 
     def Lock(self) -> ReaderLock:  # noqa: N802 (trio's name)
