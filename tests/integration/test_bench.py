@@ -62,11 +62,17 @@ def test_bench_default_workloads_report_positive_figures(tmp_path: Path) -> None
 
 def test_bench_seed_pattern_and_deep_queue(tmp_path: Path) -> None:
     """The seed-004 pattern runs its consumers over two mounts of one store and checks every
-    file reached success/ once; the deep cycle runs behind messages already waiting."""
+    file reached success/ once; the deep cycle runs behind messages already waiting, with the
+    same cycle on an empty store (a mount of its own, gone afterwards) in the same rounds."""
     report = bench(tmp_path, "--only", "seed", "--only", "deep", "--seed-files", "60",
                    "--seed-consumers", "4", "--depth", "200", "--files", "20")
     assert_positive(report, {"seed", "deep"})
     assert report["results"]["seed"]["verified"] is True, report["results"]["seed"]
+    deep = report["results"]["deep"]
+    empty = deep["empty"]
+    for side in ("plain", "spoolfs"):
+        assert empty[side] > 0 and len(empty["rounds"][side]) == 1, empty
+        assert deep["change"][side] == pytest.approx(deep[side] / empty[side] - 1, abs=0.01)
 
 
 def test_bench_shell_cycle(tmp_path: Path) -> None:

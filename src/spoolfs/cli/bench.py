@@ -50,6 +50,8 @@ from spoolfs.runtime import pidfile
 STATES = ("partial", "ready", "working", "success", "error")
 WORKLOADS = ("small", "claims", "shell", "large", "producers", "seed", "deep")
 SIDES = ("plain", "spoolfs")
+# the main mount, the seed's second one, the deep cycle's empty store, the multi-host store
+MOUNTS = ("mnt", "mnt2", "mnt-empty", "mnt-shared")
 SMALL_SIZE = 1024
 CHUNK = 1 << 20
 STEPS = ("write", "publish", "claim", "read", "finish")
@@ -420,15 +422,46 @@ def run_workloads(args: argparse.Namespace, sides: dict[str, Side], scratch: str
                              [s.queue(q).path, os.path.join(s.second, q)], args.seed_files, k)))
         out["seed"] = res.summary() | problems_of(res)
     if "deep" in args.only:
+        out["deep"] = deep_cycle(args, sides, scratch)
+    return out
+
+
+def deep_cycle(args: argparse.Namespace, sides: dict[str, Side], scratch: str
+               ) -> dict[str, Any]:
+    """The small-file cycle in a queue behind ``--depth`` waiting messages (and as many in
+    another queue), and in the same rounds the cycle on an empty store: a second mount of a
+    new store, and an empty plain directory. The two alternate round by round, so the change
+    with depth is not the machine's change over the run. The waiting messages are written back
+    to disk before the first round: the set-up's write-back is not the cycle's cost."""
+    empty_mnt = os.path.join(scratch, "mnt-empty")
+    empty = {"plain": Side("plain", os.path.join(scratch, "plain-empty"), True),
+             "spoolfs": Side("spoolfs", empty_mnt, False)}
+    for d in (empty_mnt, empty["plain"].root):
+        os.mkdir(d)
+    mount(os.path.join(scratch, "store-empty"), empty_mnt,
+          os.path.join(scratch, "daemon-empty.log"))
+    try:
         for side in sides.values():  # once: the waiting messages stay for every round
             progress(f"putting {args.depth:,} waiting messages in two queues, {side.name}")
             for name in ("deep-other", "deep"):
                 benchloads.fill(side.queue(name).state("ready"), args.depth)
-        res = run_rounds(Result(f"small-file cycle, {args.depth:,} waiting", "files/s"), sides,
-                         args.rounds, "deep", lambda s, q: small_cycle(
-                             Queue(os.path.join(s.root, "deep")), args.files, s.fsync, prefix=q))
-        out["deep"] = res.summary()
-    return out
+        progress(f"writing the waiting messages back to disk: "
+                 f"{benchloads.write_back():.0f} s")
+        full = Result(f"small-file cycle, {args.depth:,} waiting", "files/s")
+        bare = Result("small-file cycle, empty store", "files/s")
+        for r in range(args.rounds):
+            for name in SIDES:
+                for res in (bare, full) if r % 2 == 0 else (full, bare):
+                    check_stop()
+                    progress(f"{res.label}: round {r + 1}/{args.rounds}, {name}")
+                    q = (empty[name].queue(f"deep-r{r}") if res is bare
+                         else Queue(os.path.join(sides[name].root, "deep")))
+                    res.rounds[name].append(small_cycle(q, args.files, sides[name].fsync,
+                                                        prefix=f"deep-r{r}-"))
+    finally:
+        unmount(empty_mnt)  # if it stays, bench() tries again and says so
+    return full.summary() | {"empty": bare.summary(), "change": {
+        s: round(full.median(s) / bare.median(s) - 1, 3) for s in SIDES}}
 
 
 def checked(outcome: tuple[float, list[str]]) -> Round:
@@ -588,6 +621,12 @@ def render(report: dict[str, Any]) -> str:
         for step, ops in report["requests_per_step"].items():
             shown = ", ".join(f"{op} {k:g}" for op, k in ops.items())
             rows.append(f"  {step:<8} {sum(ops.values()):5.1f}  ({shown})")
+    if "deep" in res:
+        d, e = res["deep"], res["deep"]["empty"]
+        rows.append("\nthe same cycle on an empty store, in the same rounds: " + ", ".join(
+            f"{side} {fmt(e[side], e['unit'])}" for side in SIDES))
+        rows.append(f"  {d['label']} against it: " + ", ".join(
+            f"{side} {d['change'][side]:+.0%}" for side in SIDES))
     for key in [k for k, r in res.items() if k != "claims" and not r.get("verified", True)]:
         rows.append(f"\n{res[key]['label']}: PROBLEMS: " + "; ".join(res[key]["problems"]))
     if "claims" in res:
@@ -682,7 +721,7 @@ def run(argv: list[str]) -> int:
     try:
         return bench(args, base)
     finally:
-        if any(os.path.ismount(os.path.join(base, m)) for m in ("mnt", "mnt2")):
+        if any(os.path.ismount(os.path.join(base, m)) for m in MOUNTS):
             progress(f"the mount is still there; left {base} in place")
         else:
             shutil.rmtree(base, ignore_errors=True)
@@ -766,9 +805,11 @@ def bench(args: argparse.Namespace, base: str) -> int:
         print(f"daemon log ({log}), last lines:\n{tail(log)}", file=sys.stderr)
         return 1
     finally:
-        unmounted = unmount(mnt) and (not os.path.isdir(mnt2) or unmount(mnt2))
-        if not unmounted:
-            print(f"spoolfs bench: could not unmount {mnt}", file=sys.stderr)
+        stuck = [m for m in (os.path.join(base, m) for m in MOUNTS)
+                 if os.path.isdir(m) and not unmount(m)]
+        unmounted = not stuck
+        if stuck:
+            print(f"spoolfs bench: could not unmount {', '.join(stuck)}", file=sys.stderr)
     verified = all(r.get("verified", True) for r in report["results"].values())
     verified = verified and report.get("multihost", {}).get("results", {}).get(
         "claims", {}).get("verified", True)

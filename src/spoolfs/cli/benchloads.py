@@ -6,7 +6,7 @@
   processes split over two mounts of one store, each list ready/, test every name with ``-e``
   and claim it with ``mv`` into a view of their own, then move it to success/.
 - ``deep``: the small-file cycle in a queue whose ready/ already holds N messages, while another
-  queue holds N more (``--depth N``).
+  queue holds N more (``--depth N``), beside the same cycle on an empty store (cli/bench.py).
 - request counts: the FUSE requests each step of the small-file cycle costs, read from
   ``MOUNT/.spool/requests`` between the steps (the cost of reading it measured and taken off).
 """
@@ -133,6 +133,26 @@ def fill(ready: str, n: int, writers: int = 8) -> None:
             cp_like(os.path.join(ready, f"w{i:08d}"), data, False)
 
     in_threads(writers, work)
+
+
+def write_back(limit_s: float = 300.0) -> float:
+    """Untimed set-up's end: ``sync``, then wait until the kernel holds (nearly) no dirty or
+    in-flight pages, at most ``limit_s``; the seconds it took."""
+    start = time.monotonic()
+    os.sync()
+    while unwritten_kib() > WRITTEN_BACK_KIB and time.monotonic() - start < limit_s:
+        time.sleep(0.5)
+    return time.monotonic() - start
+
+
+WRITTEN_BACK_KIB = 4096  # what a quiet machine's other writers keep dirty
+
+
+def unwritten_kib() -> int:
+    """``Dirty`` + ``Writeback`` of /proc/meminfo."""
+    with open("/proc/meminfo") as f:
+        return sum(int(line.split()[1]) for line in f
+                   if line.startswith(("Dirty:", "Writeback:")))
 
 
 class RequestCounter:
