@@ -92,6 +92,35 @@ def test_format_makes_a_store_once(tmp_path: Path) -> None:
     assert os.listdir(busy) == ["x"]
 
 
+def test_format_in_a_directory_made_beforehand_makes_it_private(tmp_path: Path) -> None:
+    """``mkdir /srv/spool && spoolfs format /srv/spool``: the store is the owner's alone from
+    the start, not only after the first mount has found it open and said so."""
+    where = tmp_path / "store"
+    where.mkdir(mode=0o755)
+    os.chmod(where, 0o755)
+    rc, _, err = run("format", str(where))
+    assert rc == Exit.OK, err
+    assert oct(os.stat(where).st_mode & 0o777) == oct(0o700)
+    assert all(os.stat(p).st_mode & 0o077 == 0 for p in where.rglob("*"))
+
+
+def test_format_in_a_directory_it_may_not_change_says_so(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from spoolfs.cli.format import make_store
+    from spoolfs.core.errors import UserError
+
+    where = tmp_path / "theirs"
+    where.mkdir()
+
+    def refused(path: str, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chmod", refused)
+    with pytest.raises(UserError, match="cannot make it private to its owner: Operation not"):
+        make_store(str(where))
+    assert os.listdir(where) == []
+
+
 @pytest.mark.fuse
 def test_a_named_store_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"

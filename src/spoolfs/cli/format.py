@@ -14,6 +14,7 @@ import os
 from spoolfs.cli.args import Parser
 from spoolfs.cli.exits import Exit
 from spoolfs.core.errors import UserError
+from spoolfs.store.private import DIR_MODE
 from spoolfs.store.registry import open_store, store_layout
 from spoolfs.store.site import BLOBS_KEY, is_url, place_of, shown
 
@@ -36,6 +37,10 @@ def make_store(store: str) -> None:
             raise UserError(f"{store} exists and is not a directory")
         if os.listdir(store):
             raise UserError(f"{store} is not empty: a new store goes in an empty directory")
+        try:  # made beforehand (mkdir): the owner's alone from the start
+            os.chmod(store, DIR_MODE)
+        except OSError as e:
+            raise UserError(f"{store}: cannot make it private to its owner: {e.strerror}") from e
     open_store(store).close()
 
 
