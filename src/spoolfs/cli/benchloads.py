@@ -135,17 +135,17 @@ def fill(ready: str, n: int, writers: int = 8) -> None:
     in_threads(writers, work)
 
 
+WRITTEN_BACK_KIB = 4096  # what a quiet machine's other writers keep dirty
+
+
 def write_back(limit_s: float = 300.0) -> float:
-    """Untimed set-up's end: ``sync``, then wait until the kernel holds (nearly) no dirty or
-    in-flight pages, at most ``limit_s``; the seconds it took."""
+    """The end of an untimed set-up: ``sync``, then wait until the kernel holds (nearly) no
+    dirty or in-flight pages, at most ``limit_s``. Returns the seconds it took."""
     start = time.monotonic()
     os.sync()
     while unwritten_kib() > WRITTEN_BACK_KIB and time.monotonic() - start < limit_s:
         time.sleep(0.5)
     return time.monotonic() - start
-
-
-WRITTEN_BACK_KIB = 4096  # what a quiet machine's other writers keep dirty
 
 
 def unwritten_kib() -> int:
