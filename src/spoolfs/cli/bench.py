@@ -365,13 +365,18 @@ class Result:
 
 
 def run_rounds(result: Result, sides: dict[str, Side], rounds: int, tag: str,
-               one: Callable[[Side, str], Round]) -> Result:
-    """Alternate plain, spoolfs, plain, spoolfs ...; each round in a fresh queue."""
+               one: Callable[[Side, str], Round],
+               beside: tuple[Result, Callable[[Side, str], Round]] | None = None) -> Result:
+    """Alternate plain, spoolfs, plain, spoolfs ...; each round in a fresh queue. ``beside``:
+    a second workload run next to this one on each side in every round, the two taking turns
+    to go first."""
+    runs = [(result, one)] + ([beside] if beside else [])
     for r in range(rounds):
         for name in SIDES:
-            check_stop()
-            progress(f"{result.label}: round {r + 1}/{rounds}, {name}")
-            result.rounds[name].append(one(sides[name], f"{tag}-r{r}"))
+            for res, fn in runs if r % 2 == 0 else runs[::-1]:
+                check_stop()
+                progress(f"{res.label}: round {r + 1}/{rounds}, {name}")
+                res.rounds[name].append(fn(sides[name], f"{tag}-r{r}"))
     return result
 
 
@@ -447,17 +452,12 @@ def deep_cycle(args: argparse.Namespace, sides: dict[str, Side], scratch: str
                 benchloads.fill(side.queue(name).state("ready"), args.depth)
         progress(f"writing the waiting messages back to disk: "
                  f"{benchloads.write_back():.0f} s")
-        full = Result(f"small-file cycle, {args.depth:,} waiting", "files/s")
         bare = Result("small-file cycle, empty store", "files/s")
-        for r in range(args.rounds):
-            for name in SIDES:
-                for res in (bare, full) if r % 2 == 0 else (full, bare):
-                    check_stop()
-                    progress(f"{res.label}: round {r + 1}/{args.rounds}, {name}")
-                    q = (empty[name].queue(f"deep-r{r}") if res is bare
-                         else Queue(os.path.join(sides[name].root, "deep")))
-                    res.rounds[name].append(small_cycle(q, args.files, sides[name].fsync,
-                                                        prefix=f"deep-r{r}-"))
+        full = run_rounds(
+            Result(f"small-file cycle, {args.depth:,} waiting", "files/s"), sides, args.rounds,
+            "deep", lambda s, q: small_cycle(Queue(os.path.join(s.root, "deep")), args.files,
+                                             s.fsync, prefix=q),
+            beside=(bare, lambda s, q: small_cycle(empty[s.name].queue(q), args.files, s.fsync)))
     finally:
         unmount(empty_mnt)  # if it stays, bench() tries again and says so
     return full.summary() | {"empty": bare.summary(), "change": {
