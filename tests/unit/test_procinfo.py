@@ -129,3 +129,24 @@ def test_a_descriptor_closed_while_its_fdinfo_is_read_is_passed_over(
     with open(f, "rb"):
         monkeypatch.setattr(os, "read", read)
         assert procinfo.holds(os.getpid(), f.stat().st_ino) is False
+
+
+@pytest.mark.parametrize("size", [0, 100, procinfo._CHUNK, 2 * procinfo._CHUNK + 7])
+def test_a_file_is_read_whole_however_its_reads_fall(tmp_path: Path, size: int) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(os.urandom(size))
+    assert procinfo._read(str(f)) == f.read_bytes()
+
+
+def test_a_stopped_process_reads_the_same_by_descriptor_as_through_a_file() -> None:
+    p = subprocess.Popen(["sleep", "600"])
+    try:
+        os.kill(p.pid, signal.SIGSTOP)
+        wait_until(lambda: procinfo._fields(p.pid)[0] == "T", what="sleep to stop")
+        for name in ("stat", "status"):
+            assert procinfo._read(f"/proc/{p.pid}/{name}") == \
+                Path(f"/proc/{p.pid}/{name}").read_bytes()
+        assert procinfo.process_of(p.pid) == p.pid
+    finally:
+        p.kill()
+        p.wait()
