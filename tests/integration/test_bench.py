@@ -73,6 +73,18 @@ def test_bench_seed_pattern_and_deep_queue(tmp_path: Path) -> None:
     for side in ("plain", "spoolfs"):
         assert empty[side] > 0 and len(empty["rounds"][side]) == 1, empty
         assert deep["change"][side] == pytest.approx(deep[side] / empty[side] - 1, abs=0.01)
+    # The deep queue's listing, what a consumer does before it claims: the first name, the
+    # whole listing (every waiting message, oldest first on the mount), a claim right after.
+    listing = deep["listing"]
+    for side in ("plain", "spoolfs"):
+        one = listing[side]
+        assert one["names"] == 200, one  # the waiting messages, not fewer, not more
+        assert one["first_name_ms"] > 0 and one["names_per_s"] > 0 and one["claim_ms"] > 0
+        assert one["first"].startswith("w"), one  # a waiting message, claimed after
+    # The daemon's memory and a mount of the deep store (issue's 1,000,000 figures, at any depth)
+    daemon = listing["daemon"]
+    assert 0 < daemon["rss_mib"] <= daemon["peak_mib"], daemon
+    assert daemon["mount_s"] > 0 and daemon["rss_after_mount_mib"] > 0, daemon
 
 
 def test_bench_shell_cycle(tmp_path: Path) -> None:

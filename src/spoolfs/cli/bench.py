@@ -133,6 +133,8 @@ class Side:
     root: str
     fsync: bool  # the plain side fsyncs at publish; the spool side leaves durability to the daemon
     second: str = ""  # a second mount of the same store (the plain side: the same root)
+    store: str = ""  # the spoolfs side: its store, for a new mount of it (the deep workload)
+    log: str = ""  # and its daemon's log
 
     def queue(self, name: str, consumers: int = 1) -> Queue:
         q = Queue(os.path.join(self.root, name))
@@ -461,7 +463,31 @@ def deep_cycle(args: argparse.Namespace, sides: dict[str, Side], scratch: str
     finally:
         unmount(empty_mnt)  # if it stays, bench() tries again and says so
     return full.summary() | {"empty": bare.summary(), "change": {
-        s: round(full.median(s) / bare.median(s) - 1, 3) for s in SIDES}}
+        s: round(full.median(s) / bare.median(s) - 1, 3) for s in SIDES},
+        "listing": deep_listing(sides)}
+
+
+def deep_listing(sides: dict[str, Side]) -> dict[str, Any]:
+    """After the deep rounds: a consumer's look at the deep ready/ on each side (first name,
+    whole listing, a claim right after), the daemon's memory then (and its peak since it was
+    mounted, through the set-up and every round), and how long a new mount of the deep store
+    takes (unmount, mount, as an operator would: the page cache stays warm)."""
+    out: dict[str, Any] = {}
+    for name, side in sides.items():
+        progress(f"listing the deep queue, {name}")
+        q = Queue(os.path.join(side.root, "deep"))
+        out[name] = benchloads.listing(q.state("ready"), q.consumer(1))
+    spool = sides["spoolfs"]
+    rss, peak = benchloads.memory_mib(daemon_pid(spool.root))
+    progress("mounting the deep store again")
+    if not unmount(spool.root):
+        raise BenchError(f"cannot unmount {spool.root} to mount it again")
+    start = time.perf_counter()
+    pid = mount(spool.store, spool.root, spool.log)
+    took = time.perf_counter() - start
+    out["daemon"] = {"rss_mib": rss, "peak_mib": peak, "mount_s": round(took, 3),
+                     "rss_after_mount_mib": benchloads.memory_mib(pid)[0]}
+    return out
 
 
 def checked(outcome: tuple[float, list[str]]) -> Round:
@@ -536,6 +562,11 @@ def mount(store: str, mnt: str, log: str, extra: tuple[str, ...] = ()) -> int:
         message = err.read().decode(errors="replace").strip()
     if res.returncode != 0:
         raise UserError(f"bench: cannot mount a temporary spool: {message}")
+    return daemon_pid(mnt)
+
+
+def daemon_pid(mnt: str) -> int:
+    """The pid of the daemon serving ``mnt`` (0 if unknown)."""
     try:
         with open(pidfile(mnt)) as f:
             return int(f.read().strip())
@@ -627,6 +658,17 @@ def render(report: dict[str, Any]) -> str:
             f"{side} {fmt(e[side], e['unit'])}" for side in SIDES))
         rows.append(f"  {d['label']} against it: " + ", ".join(
             f"{side} {d['change'][side]:+.0%}" for side in SIDES))
+        ls, daemon = d["listing"], d["listing"]["daemon"]
+        rows.append(f"the deep ready/ ({ls['spoolfs']['names']:,} names) listed, plain / "
+                    f"spoolfs: first name {ls['plain']['first_name_ms']:.1f} / "
+                    f"{ls['spoolfs']['first_name_ms']:.1f} ms, a claim right after the listing "
+                    f"{ls['plain']['claim_ms']:.1f} / {ls['spoolfs']['claim_ms']:.1f} ms,")
+        rows.append(f"  every name {fmt(ls['plain']['names_per_s'], 'names/s')} / "
+                    f"{fmt(ls['spoolfs']['names_per_s'], 'names/s')}")
+        rows.append(f"  spoolfs daemon: {daemon['rss_mib']:.0f} MiB resident after the "
+                    f"listing, {daemon['peak_mib']:.0f} MiB at most since mounted; the deep "
+                    f"store mounts again in {daemon['mount_s']:.2f} s "
+                    f"({daemon['rss_after_mount_mib']:.0f} MiB)")
     for key in [k for k, r in res.items() if k != "claims" and not r.get("verified", True)]:
         rows.append(f"\n{res[key]['label']}: PROBLEMS: " + "; ".join(res[key]["problems"]))
     if "claims" in res:
@@ -790,11 +832,11 @@ def bench(args: argparse.Namespace, base: str) -> int:
             progress(f"spoolfs mounted on {mnt} (daemon pid {report['daemon_pid']}); plain dirs "
                      f"in {plain}; {report['filesystem']['type']}")
             sides = {"plain": Side("plain", plain, True, plain),
-                     "spoolfs": Side("spoolfs", mnt, False, mnt)}
+                     "spoolfs": Side("spoolfs", mnt, False, mnt, store, log)}
             if "seed" in args.only:  # the seed's consumers are split over two mounts
                 os.mkdir(mnt2)
                 mount(store, mnt2, log2)
-                sides["spoolfs"] = Side("spoolfs", mnt, False, mnt2)
+                sides["spoolfs"] = Side("spoolfs", mnt, False, mnt2, store, log)
             report["results"] = run_workloads(args, sides, base)
             if "small" in args.only:
                 report["requests_per_step"] = requests_per_step(sides["spoolfs"])

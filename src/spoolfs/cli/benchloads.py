@@ -6,7 +6,9 @@
   processes split over two mounts of one store, each list ready/, test every name with ``-e``
   and claim it with ``mv`` into a view of their own, then move it to success/.
 - ``deep``: the small-file cycle in a queue whose ready/ already holds N messages, while another
-  queue holds N more (``--depth N``), beside the same cycle on an empty store (cli/bench.py).
+  queue holds N more (``--depth N``), beside the same cycle on an empty store (cli/bench.py);
+  then a consumer's look at that ready/ (``listing``: its first name, every name, a claim right
+  after), the daemon's memory, and a new mount of the deep store.
 - request counts: the FUSE requests each step of the small-file cycle costs, read from
   ``MOUNT/.spool/requests`` between the steps (the cost of reading it measured and taken off).
 """
@@ -133,6 +135,36 @@ def fill(ready: str, n: int, writers: int = 8) -> None:
             cp_like(os.path.join(ready, f"w{i:08d}"), data, False)
 
     in_threads(writers, work)
+
+
+def listing(ready: str, claim_to: str) -> dict[str, Any]:
+    """What a consumer of a deep queue does: read the first name of ``ready`` (``ls -f | head
+    -1``: open the directory, read once), then every name (``ls -f``), then claim that first
+    name into ``claim_to`` with a rename. Each timed, in ms; the listing in names per second,
+    from the open on."""
+    clock = time.perf_counter
+    start = clock()
+    with os.scandir(ready) as it:
+        first = next(it).name
+        got_first = clock()
+        names = 1 + sum(1 for _ in it)
+    listed = clock()
+    os.rename(os.path.join(ready, first), os.path.join(claim_to, first))
+    claimed = clock()
+    return {"first": first, "first_name_ms": round((got_first - start) * 1e3, 2),
+            "names": names, "names_per_s": round(names / (listed - start), 1),
+            "claim_ms": round((claimed - listed) * 1e3, 2)}
+
+
+def memory_mib(pid: int) -> tuple[float, float]:
+    """A process's resident memory now and at its peak (``VmRSS``, ``VmHWM``), in MiB."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+
+    def mib(key: bytes) -> float:
+        return round(int(fields[key].split()[0]) / 1024, 1)  # "VmRSS:  30740 kB"
+
+    return mib(b"VmRSS"), mib(b"VmHWM")
 
 
 WRITTEN_BACK_KIB = 4096  # what a quiet machine's other writers keep dirty
