@@ -74,7 +74,7 @@ def test_bench_seed_pattern_and_deep_queue(tmp_path: Path) -> None:
         assert empty[side] > 0 and len(empty["rounds"][side]) == 1, empty
         assert deep["change"][side] == pytest.approx(deep[side] / empty[side] - 1, abs=0.01)
     # The deep queue's listing, what a consumer does before it claims: the first name, the
-    # whole listing (every waiting message, oldest first on the mount), a claim right after.
+    # whole listing (every waiting message), a claim right after.
     listing = deep["listing"]
     for side in ("plain", "spoolfs"):
         one = listing[side]

@@ -142,7 +142,7 @@ def test_a_stopped_process_reads_the_same_by_descriptor_as_through_a_file() -> N
     p = subprocess.Popen(["sleep", "600"])
     try:
         os.kill(p.pid, signal.SIGSTOP)
-        wait_until(lambda: procinfo._fields(p.pid)[0] == "T", what="sleep to stop")
+        wait_until(lambda: (procinfo._fields(p.pid) or ["?"])[0] == "T", what="sleep to stop")
         for name in ("stat", "status"):
             assert procinfo._read(f"/proc/{p.pid}/{name}") == \
                 Path(f"/proc/{p.pid}/{name}").read_bytes()

@@ -24,9 +24,11 @@ _CHUNK = 16384
 
 
 def _read(path: str) -> bytes:
-    """The whole of a /proc file, by descriptor: no buffered file object, whose set-up
-    (two fstat, an ioctl, two lseek) costs more than the read itself. A read that returns
-    less than was asked for was the last one (the kernel fills it to the end)."""
+    """The whole of a /proc file the kernel shows in one piece (a process's ``stat`` and
+    ``status``), by descriptor: no buffered file object, whose set-up (two fstat, an ioctl,
+    two lseek) costs more than the read itself. Such a file is made whole at the first read,
+    so a read shorter than asked for was the last (not so for files of many records, such as
+    ``maps``: a read stops before a record that does not fit)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = [os.read(fd, _CHUNK)]
