@@ -81,10 +81,22 @@ def test_bench_seed_pattern_and_deep_queue(tmp_path: Path) -> None:
         assert one["names"] == 200, one  # the waiting messages, not fewer, not more
         assert one["first_name_ms"] > 0 and one["names_per_s"] > 0 and one["claim_ms"] > 0
         assert one["first"].startswith("w"), one  # a waiting message, claimed after
-    # The daemon's memory and a mount of the deep store (issue's 1,000,000 figures, at any depth)
-    daemon = listing["daemon"]
+    # The daemon's memory and a mount of the deep store (issue's 1,000,000 figures, at any
+    # depth): last in the run, after the seed's second mount of the same store is gone
+    daemon = deep["daemon"]
     assert 0 < daemon["rss_mib"] <= daemon["peak_mib"], daemon
     assert daemon["mount_s"] > 0 and daemon["rss_after_mount_mib"] > 0, daemon
+    assert daemon["mount_pid"] not in (0, report["daemon_pid"]), daemon  # a new daemon
+
+
+def test_bench_deep_queue_before_the_request_counts(tmp_path: Path) -> None:
+    """The deep store is mounted again only after the request counts of the small-file cycle,
+    which read the first daemon's counters."""
+    report = bench(tmp_path, "--only", "small", "--only", "deep", "--depth", "50",
+                   "--files", "10")
+    assert_positive(report, {"small", "deep"})
+    assert report["requests_per_step"]["claim"].get("rename") == 1
+    assert report["results"]["deep"]["daemon"]["mount_pid"] != report["daemon_pid"]
 
 
 def test_bench_shell_cycle(tmp_path: Path) -> None:

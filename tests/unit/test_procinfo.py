@@ -138,14 +138,19 @@ def test_a_file_is_read_whole_however_its_reads_fall(tmp_path: Path, size: int) 
     assert procinfo._read(str(f)) == f.read_bytes()
 
 
-def test_a_stopped_process_reads_the_same_by_descriptor_as_through_a_file() -> None:
+def test_a_stopped_process_reads_the_same_by_descriptor_as_through_a_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     p = subprocess.Popen(["sleep", "600"])
     try:
         os.kill(p.pid, signal.SIGSTOP)
         wait_until(lambda: (procinfo._fields(p.pid) or ["?"])[0] == "T", what="sleep to stop")
-        for name in ("stat", "status"):
-            assert procinfo._read(f"/proc/{p.pid}/{name}") == \
-                Path(f"/proc/{p.pid}/{name}").read_bytes()
+        stat = f"/proc/{p.pid}/stat"  # nothing in it moves while the process is stopped
+        assert procinfo._read(stat) == Path(stat).read_bytes()
+        monkeypatch.setattr(procinfo, "_CHUNK", 64)  # many reads for one file
+        assert procinfo._read(stat) == Path(stat).read_bytes()
+        status = procinfo._read(f"/proc/{p.pid}/status")  # SigQ, say, may move: its start
+        assert status.startswith(b"Name:\tsleep\n") and b"\nTgid:\t%d\n" % p.pid in status
+        assert status.endswith(b"\n") and len(status) > 64 * 4
         assert procinfo.process_of(p.pid) == p.pid
     finally:
         p.kill()

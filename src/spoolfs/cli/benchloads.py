@@ -151,9 +151,9 @@ def listing(ready: str, claim_to: str) -> dict[str, Any]:
     listed = clock()
     os.rename(os.path.join(ready, first), os.path.join(claim_to, first))
     claimed = clock()
-    return {"first": first, "first_name_ms": round((got_first - start) * 1e3, 2),
+    return {"first": first, "first_name_ms": round((got_first - start) * 1e3, 3),
             "names": names, "names_per_s": round(names / (listed - start), 1),
-            "claim_ms": round((claimed - listed) * 1e3, 2)}
+            "claim_ms": round((claimed - listed) * 1e3, 3)}
 
 
 def memory_mib(pid: int) -> tuple[float, float]:
