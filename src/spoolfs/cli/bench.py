@@ -479,29 +479,35 @@ def deep_listing(sides: dict[str, Side]) -> dict[str, Any]:
     return out
 
 
-def deep_daemon(spool: Side, others: list[str]) -> dict[str, Any]:
+def deep_daemon(spool: Side) -> dict[str, Any]:
     """The daemon that held the deep queue through the run: its memory now and at its peak
     since mounted (every workload run included); then how long a new mount of the deep store
     takes, as an operator would unmount and mount it (the page cache stays warm). Last thing
-    in a run: the mounts ``others`` of the same store go first, so that the new daemon is
-    the store's only one."""
-    pid = daemon_pid(spool.root)
-    if not pid:
-        raise BenchError(f"no daemon pid for {spool.root} (its pid file is gone)")
-    rss, peak = benchloads.memory_mib(pid)
+    in a run: the second mount of the same store (the seed's) goes first, so that the new
+    daemon is the store's only one."""
+    rss, peak = benchloads.memory_mib(_pid_of(spool.root))
     check_stop()
     progress("mounting the deep store again")
-    for mnt in [*others, spool.root]:
+    for mnt in dict.fromkeys((spool.second, spool.root)):
         if not unmount(mnt):
             raise BenchError(f"cannot unmount {mnt} to mount the deep store again")
     start = time.perf_counter()
     try:
-        pid = mount(spool.store, spool.root, spool.log)
+        mount(spool.store, spool.root, spool.log)
     except UserError as e:
         raise BenchError(str(e)) from e
     took = time.perf_counter() - start
+    pid = _pid_of(spool.root)
     return {"rss_mib": rss, "peak_mib": peak, "mount_s": round(took, 3), "mount_pid": pid,
-            "rss_after_mount_mib": benchloads.memory_mib(pid)[0] if pid else None}
+            "rss_after_mount_mib": benchloads.memory_mib(pid)[0]}
+
+
+def _pid_of(mnt: str) -> int:
+    """``daemon_pid``, or a bench error: the daemon's memory cannot be read without it."""
+    pid = daemon_pid(mnt)
+    if not pid:
+        raise BenchError(f"no daemon pid for {mnt} (its pid file is gone)")
+    return pid
 
 
 def checked(outcome: tuple[float, list[str]]) -> Round:
@@ -685,7 +691,7 @@ def render(report: dict[str, Any]) -> str:
             rows.append(f"  spoolfs daemon: {daemon['rss_mib']:.0f} MiB resident at the end, "
                         f"{daemon['peak_mib']:.0f} MiB at most since mounted; the deep store "
                         f"mounts again in {daemon['mount_s']:.2f} s "
-                        f"({daemon['rss_after_mount_mib'] or 0:.0f} MiB)")
+                        f"({daemon['rss_after_mount_mib']:.0f} MiB)")
     for key in [k for k, r in res.items() if k != "claims" and not r.get("verified", True)]:
         rows.append(f"\n{res[key]['label']}: PROBLEMS: " + "; ".join(res[key]["problems"]))
     if "claims" in res:
@@ -860,8 +866,7 @@ def bench(args: argparse.Namespace, base: str) -> int:
             if args.store:
                 report["multihost"] = bench_multihost(args, base, sides["spoolfs"])
             if "deep" in args.only:  # last: it mounts the store again
-                report["results"]["deep"]["daemon"] = deep_daemon(
-                    sides["spoolfs"], [mnt2] if "seed" in args.only else [])
+                report["results"]["deep"]["daemon"] = deep_daemon(sides["spoolfs"])
     except (OSError, BenchError) as e:
         print(f"spoolfs bench: {e}", file=sys.stderr)
         print(f"daemon log ({log}), last lines:\n{tail(log)}", file=sys.stderr)

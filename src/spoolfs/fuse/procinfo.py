@@ -39,14 +39,18 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+def _tgid(status: bytes) -> int:
+    """The thread group (process) in a ``status`` file; ValueError when it has none."""
+    start = status.index(b"\nTgid:") + 6
+    return int(status[start:status.index(b"\n", start)])
+
+
 def process_of(tid: int) -> int:
     """The process (thread group) of thread ``tid``, as FUSE names a caller by its thread: a
     thread may be gone long before its process's files are closed, its process not. ``tid``
     itself when /proc cannot tell."""
     try:
-        raw = _read(f"/proc/{tid}/status")
-        start = raw.index(b"\nTgid:") + 6
-        return int(raw[start:raw.index(b"\n", start)])
+        return _tgid(_read(f"/proc/{tid}/status"))
     except (OSError, ValueError):
         return tid
 
@@ -62,8 +66,7 @@ def nfs_server(tid: int) -> bool:
     ``ganesha.nfsd``, or it is one of the kernel's ``nfsd`` threads. One read of /proc."""
     try:
         raw = _read(f"/proc/{tid}/status")
-        start = raw.index(b"\nTgid:") + 6
-        tgid = int(raw[start:raw.index(b"\n", start)])
+        tgid = _tgid(raw)
         if tgid != tid:
             raw = _read(f"/proc/{tgid}/status")
     except (OSError, ValueError):
