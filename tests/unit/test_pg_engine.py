@@ -12,6 +12,7 @@ import pytest
 from helpers.pgserver import PgServer
 from spoolfs.core.errors import StoreFailure
 from spoolfs.core.rules import State
+from spoolfs.store import pg_schema
 from spoolfs.store.base import WriteTx
 from spoolfs.store.pg_maint import open_maintenance
 from spoolfs.store.postgres import PostgresStore
@@ -166,7 +167,7 @@ def test_maintenance_runs_the_checks(pg_url: str) -> None:
     try:
         with m.read() as tx:
             assert tx.integrity_ok() and tx.dangling() == []
-            assert tx.schema_version() == "1"
+            assert tx.schema_version() == str(pg_schema.VERSION)
             assert [r for r in tx.refcounts()] == [(1, 1)] or len(tx.refcounts()) == 1
             assert tx.unreferenced_blobs() == []
         with m.write() as tx:
@@ -222,3 +223,28 @@ def test_gc_prunes_the_change_log(pg_url: str) -> None:
     s = PostgresStore(pg_url)
     assert s.changes_since(0) == []
     s.close()
+
+
+def test_counting_subdirectories_reads_an_index_of_directories(pg_url: str) -> None:
+    """``stat working/`` asks for its link count after every claim. The count is read from an
+    index of directories only, not from every message beside them; a database made before
+    that index gets it when it is opened."""
+    PostgresStore(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as c:  # as the previous version made it
+        c.execute("DROP INDEX entries_subdirs")
+        c.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    store = PostgresStore(pg_url)
+    try:
+        d = one(store, lambda tx: tx.insert(parent=1, name=b"w", kind="state", mode=0o40755,
+                                            mtime_ns=1, ctime_ns=1, created_ns=1))
+        assert store.reader().subdirs(d.id) == 0
+    finally:
+        store.close()
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("SET enable_seqscan = off")  # a few rows: the planner would scan the table
+        plan = "\n".join(r[0] for r in c.execute(
+            "EXPLAIN SELECT COUNT(*) FROM entries WHERE parent=1 AND hidden=0 "
+            "AND (mode & 61440)=16384"))
+        version = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    assert "entries_subdirs" in plan, plan
+    assert version is not None and int(version[0]) == 2

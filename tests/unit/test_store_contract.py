@@ -199,3 +199,21 @@ def test_a_directory_is_read_in_pages_by_id(store: Store) -> None:
     assert [e.id for e in rest] == ids[4:7]
     assert [e.id for e in r.page(d.id, rest[-1].id, 3)] == [late.id]
     assert r.page(d.id, late.id, 3) == []
+
+
+def test_a_directory_counts_its_visible_subdirectories_only(store: Store) -> None:
+    """A directory's link count is 2 + its subdirectories (``nlink_of``): messages and a
+    hidden directory are not among them, and a directory moved away no longer counts."""
+    def mkdir(parent: int, name: bytes, **kw):  # type: ignore[no-untyped-def]
+        return lambda tx: tx.insert(parent=parent, name=name, kind="consumer", mode=0o40755,
+                                    mtime_ns=1, ctime_ns=1, created_ns=1, **kw)
+    d = one(store, mkdir(1, b"working")).id
+    for i in range(5):
+        one(store, lambda tx, i=i: msg(tx, d, b"m%d" % i))
+    a = one(store, mkdir(d, b"a"))
+    one(store, mkdir(d, b"b"))
+    one(store, mkdir(d, b"unseen", hidden=1))
+    assert store.reader().subdirs(d) == 2
+    one(store, lambda tx: tx.move(a.id, d, b"a", 1, b"a"))
+    assert store.reader().subdirs(d) == 1
+    assert store.reader().subdirs(a.id) == 0

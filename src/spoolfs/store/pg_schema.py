@@ -3,13 +3,18 @@ says what each column means), in PostgreSQL's types, plus the change log other h
 
 from __future__ import annotations
 
-VERSION = 1
+VERSION = 2
 
 #: the advisory lock key that serializes schema set-up and, per transaction, the change log
 LOCK_SCHEMA = 0x5370_6F6F_6C01  # "Spool" 1
 LOCK_CHANGES = 0x5370_6F6F_6C02
 
 CHANNEL = "spoolfs_changes"
+
+#: a directory's visible subdirectories (S_IFMT / S_IFDIR): its link count, asked by every
+#: stat of working/, without reading the messages beside them
+SUBDIRS_INDEX = """CREATE INDEX IF NOT EXISTS entries_subdirs ON entries(parent)
+    WHERE hidden=0 AND (mode & 61440)=16384"""
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS blobs (
@@ -105,7 +110,9 @@ CREATE TABLE IF NOT EXISTS changes (
     old_name   BYTEA,
     origin     TEXT NOT NULL      -- the daemon that made the change
 );
-"""
+""" + SUBDIRS_INDEX + ";\n"
 
 #: version -> statements that bring a database of that version to the next one
-MIGRATIONS: dict[int, list[str]] = {}
+MIGRATIONS: dict[int, list[str]] = {
+    1: [SUBDIRS_INDEX],  # version 2: the link count of a directory without its messages
+}

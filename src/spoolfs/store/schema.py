@@ -95,6 +95,10 @@ CREATE INDEX IF NOT EXISTS entries_finished ON entries(queue, state, finished_ns
 -- A directory's entries in id order (the rowid follows the parent in the index): listings
 -- and recovery read a directory a page at a time.
 CREATE INDEX IF NOT EXISTS entries_parent ON entries(parent);
+-- A directory's visible subdirectories (S_IFMT / S_IFDIR): its link count, asked by every stat
+-- of working/, is counted here without reading the messages beside them.
+CREATE INDEX IF NOT EXISTS entries_subdirs ON entries(parent)
+    WHERE hidden=0 AND (mode & 61440)=16384;
 -- Uploads still being written, and content no message holds: what recovery looks at.
 CREATE INDEX IF NOT EXISTS entries_staged ON entries(id) WHERE staged=1;
 CREATE INDEX IF NOT EXISTS blobs_unreferenced ON blobs(id) WHERE refcount=0;
