@@ -593,6 +593,36 @@ async def test_default_retention_keeps_forever(env: Env) -> None:
     assert [spool.get(m).state for m in mids] == [State.SUCCESS, State.ERROR]
 
 
+async def test_idle_views_are_found_without_reading_the_claims_beside_them(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``idle_views``: the sweep looks at the views in working/, not at the claims in flight
+    beside them (with 100,000 claims, reading them all held the mount for a second at every
+    sweep)."""
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    await env.policy(idle_views="1m", lease_timeout="1d")
+    idle, busy = await env.view(b"idle"), await env.view(b"busy")
+    first = await upload(spool, q[State.READY], b"m000")
+    for i in range(1, 200):
+        await spool.link(first, q[State.READY], b"m%03d" % i, WHO)
+    await claim(spool, q, busy, b"m000")
+    for i in range(1, 200):
+        await spool.rename(q[State.READY], b"m%03d" % i, q[State.WORKING], b"m%03d" % i, 0, WHO)
+    clock.advance(2 * MIN)
+    built = [0]
+    init = Entry.__init__
+
+    def counting(self: Entry, *a: Any, **kw: Any) -> None:
+        built[0] += 1
+        init(self, *a, **kw)
+    monkeypatch.setattr(Entry, "__init__", counting)
+    assert await lc.remove_idle_views(q.id, clock() - MIN) == 1
+    monkeypatch.undo()
+    assert built[0] < 20, f"{built[0]} entries read to find 2 views beside 199 claims"
+    assert names(spool, q[State.WORKING]) == {b"busy"} | {b"m%03d" % i for i in range(1, 200)}
+    with pytest.raises(NotFound):
+        spool.get(idle)
+
+
 # ---- names ------------------------------------------------------------------------------------
 
 async def test_name_clash_in_error_gives_numbered_names(env: Env) -> None:

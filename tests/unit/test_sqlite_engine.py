@@ -48,11 +48,11 @@ def test_a_store_made_with_larger_pages_keeps_them_and_its_messages(tmp_path: Pa
     assert pragma(db, "integrity_check") == "ok"
 
 
-def test_counting_subdirectories_reads_no_message(tmp_path: Path) -> None:
+def test_subdirectories_are_read_without_the_messages(tmp_path: Path) -> None:
     """``stat working/`` asks for its link count after every claim (the kernel's attributes of
-    the directory are dropped when its mtime changes). Counting its subdirectories must not
-    read the messages beside them: the work SQLite does is the same for 10 messages in the
-    directory as for 2,000."""
+    the directory are dropped when its mtime changes), and the idle-view sweep reads its
+    views. Neither reads the messages beside them: the work SQLite does is the same for 10
+    messages in the directory as for 2,000."""
     store = open_store(str(tmp_path / "s"))
     try:
         def mkdir(parent: int, name: bytes):  # type: ignore[no-untyped-def]
@@ -76,6 +76,7 @@ def test_counting_subdirectories_reads_no_message(tmp_path: Path) -> None:
             r.conn.set_progress_handler(tick, 1)  # type: ignore[attr-defined]
             try:
                 assert r.subdirs(d) == 1
+                assert [e.name for e in r.subdirectories(d)] == [b"view"]
             finally:
                 r.conn.set_progress_handler(None, 1)  # type: ignore[attr-defined]
             return count[0]

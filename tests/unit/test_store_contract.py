@@ -202,8 +202,9 @@ def test_a_directory_is_read_in_pages_by_id(store: Store) -> None:
 
 
 def test_a_directory_counts_its_visible_subdirectories_only(store: Store) -> None:
-    """A directory's link count is 2 + its subdirectories (``nlink_of``): messages and a
-    hidden directory are not among them, and a directory moved away no longer counts."""
+    """A directory's link count is 2 + its subdirectories (``nlink_of``), and the idle-view
+    sweep reads working/'s subdirectories: messages and a hidden directory are not among
+    them, and a directory moved away no longer is."""
     def mkdir(parent: int, name: bytes, **kw):  # type: ignore[no-untyped-def]
         return lambda tx: tx.insert(parent=parent, name=name, kind="consumer", mode=0o40755,
                                     mtime_ns=1, ctime_ns=1, created_ns=1, **kw)
@@ -214,6 +215,8 @@ def test_a_directory_counts_its_visible_subdirectories_only(store: Store) -> Non
     one(store, mkdir(d, b"b"))
     one(store, mkdir(d, b"unseen", hidden=1))
     assert store.reader().subdirs(d) == 2
+    assert [e.name for e in store.reader().subdirectories(d)] == [b"a", b"b"]
     one(store, lambda tx: tx.move(a.id, d, b"a", 1, b"a"))
     assert store.reader().subdirs(d) == 1
+    assert [e.name for e in store.reader().subdirectories(d)] == [b"b"]
     assert store.reader().subdirs(a.id) == 0

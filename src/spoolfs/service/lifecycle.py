@@ -161,7 +161,7 @@ class Lifecycle:
         if working is None:
             return 0
         removed = 0
-        for view in self.spool.r.children(working.id):
+        for view in self.spool.r.subdirectories(working.id):
             if view.kind != "consumer" or view.mtime_ns > cutoff:
                 continue
             if self.spool.r.page(view.id, 0, 1):

@@ -54,7 +54,7 @@ def snapshot(r: ReadTx, where: str | Place, policy_of: PolicyOf, now: int | None
                            if k.startswith("max_") or k == "min_free"},
         }
         working = next((c for c in r.children(q.id) if c.name == b"working"), None)
-        for c in r.children(working.id) if working is not None else []:
+        for c in r.subdirectories(working.id) if working is not None else []:
             if c.kind == "consumer":  # a view's time moves with every claim in or out of it
                 queues[q.id]["consumers"][c.name.decode(errors="replace")] = {
                     "in_flight": 0, "oldest_claim_age_s": None, "next_lease_end_s": None,

@@ -104,8 +104,13 @@ class ReadTx(abc.ABC):
 
     @abc.abstractmethod
     def subdirs(self, parent: int) -> int:
-        """How many visible directories ``parent`` holds (a directory's link count is 2 more).
-        Proportional to the number of children: not for state directories."""
+        """How many visible directories ``parent`` holds (a directory's link count is 2 more),
+        counted without reading the messages beside them."""
+
+    @abc.abstractmethod
+    def subdirectories(self, parent: int) -> list[Entry]:
+        """The visible directories ``parent`` holds (the consumer views of working/), in id
+        order, read without the messages beside them."""
 
     @abc.abstractmethod
     def blob(self, blob_id: int) -> Blob | None: ...

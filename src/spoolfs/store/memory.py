@@ -74,8 +74,12 @@ class MemoryRead(ReadTx):
         return any(r["parent"] == parent for r in self.s.entries.values())
 
     def subdirs(self, parent: int) -> int:
-        return sum(1 for r in self.s.entries.values() if r["parent"] == parent
-                   and not r["hidden"] and (r["mode"] & 0o170000) == 0o040000)
+        return len(self.subdirectories(parent))
+
+    def subdirectories(self, parent: int) -> list[Entry]:
+        return [self._entry(r) for r in self._where(
+            lambda r: r["parent"] == parent and not r["hidden"]
+            and (r["mode"] & 0o170000) == 0o040000)]
 
     def blob(self, blob_id: int) -> Blob | None:
         b = self.s.blobs.get(blob_id)

@@ -147,6 +147,10 @@ class PgRead(ReadTx):
                       "AND (mode & 61440)=16384", (parent,))  # S_IFMT / S_IFDIR
         return int(row[0]) if row else 0
 
+    def subdirectories(self, parent: int) -> list[Entry]:
+        return self._entries(f"{_SEL} WHERE e.parent=%s AND e.hidden=0 "
+                             "AND (e.mode & 61440)=16384 ORDER BY e.id", (parent,))
+
     def blob(self, blob_id: int) -> Blob | None:
         return _blob(self.q1(f"{_BLOB} WHERE id=%s", (blob_id,)))
 

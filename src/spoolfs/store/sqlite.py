@@ -106,6 +106,11 @@ class SqliteRead(ReadTx):
             "SELECT COUNT(*) FROM entries WHERE parent=? AND hidden=0 AND (mode & 61440)=16384",
             (parent,)).fetchone()[0])
 
+    def subdirectories(self, parent: int) -> list[Entry]:
+        rows = self.conn.execute(f"{_SEL} WHERE e.parent=? AND e.hidden=0 "
+                                 "AND (e.mode & 61440)=16384 ORDER BY e.id", (parent,)).fetchall()
+        return [Entry.from_row(r) for r in rows]
+
     def blob(self, blob_id: int) -> Blob | None:
         row = self.conn.execute("SELECT id, sha256, size, refcount, data FROM blobs WHERE id=?",
                                 (blob_id,)).fetchone()
