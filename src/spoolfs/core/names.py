@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from spoolfs.core.errors import Invalid, NameTooLong, NotPermitted
 
@@ -27,6 +28,32 @@ def check_ident(name: bytes, what: str) -> str:
     if not _IDENT.fullmatch(name) or name.startswith(b"."):
         raise NotPermitted(f"invalid {what} name {name!r}: 1-64 of [A-Za-z0-9._-], no leading dot")
     return name.decode("ascii")
+
+
+def free_name(name: bytes, taken: Callable[[bytes], bool]) -> bytes:
+    """``name``, or ``name.~N~`` when it is taken: what an automatic move (or a repair) calls a
+    message, which never replaces anything. N is one past the last of an unbroken run of
+    numbered copies, found in a few dozen lookups however many copies there are (doubling,
+    then halving the gap); where copies were removed from the middle, some free N."""
+    if not taken(name):
+        return name
+
+    def copy(n: int) -> bytes:
+        suffix = b".~%d~" % n
+        return name[:NAME_MAX - len(suffix)] + suffix
+
+    if not taken(copy(1)):
+        return copy(1)
+    low, high = 1, 2  # copy(low) is taken
+    while taken(copy(high)):
+        low, high = high, high * 2
+    while high - low > 1:  # copy(low) taken, copy(high) free
+        mid = (low + high) // 2
+        if taken(copy(mid)):
+            low = mid
+        else:
+            high = mid
+    return copy(high)
 
 
 def is_staging_name(name: bytes) -> bool:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 from spoolfs.blobs.files import file_info
 from spoolfs.core.errors import StoreFailure
-from spoolfs.core.names import NAME_MAX
+from spoolfs.core.names import free_name
 from spoolfs.core.rules import Action, State, kind_of
 from spoolfs.core.transitions import Context, fields_of, transition
 from spoolfs.service import gc
@@ -417,15 +417,7 @@ class Fsck:
 
     def _free_name(self, parent: int, name: bytes) -> bytes:
         """``name``, or ``name.~N~`` when it is taken (never replace anything)."""
-        if not self.tx.name_taken(parent, name):
-            return name
-        n = 1
-        while True:
-            suffix = b".~%d~" % n
-            candidate = name[:NAME_MAX - len(suffix)] + suffix
-            if not self.tx.name_taken(parent, candidate):
-                return candidate
-            n += 1
+        return free_name(name, lambda n: self.tx.name_taken(parent, n))
 
     def _keep(self, path: str, data: bytes | None, name: str) -> str:
         """Keep what is left of damaged content in ``STORE/lost+found/``."""

@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 import trio
 
 from spoolfs.core import lifecycle as L
-from spoolfs.core import rules
+from spoolfs.core import names, rules
 from spoolfs.core.errors import (
     NotADirectory,
     NotFound,
     NotPermitted,
 )
-from spoolfs.core.names import NAME_MAX, check_message_name
+from spoolfs.core.names import check_message_name
 from spoolfs.core.rules import Action, DirKind, Kind, State
 from spoolfs.core.transitions import Context
 from spoolfs.service import batches, status
@@ -61,15 +61,7 @@ class Who:
 
 def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
     """``name``, or ``name.~N~`` when it is taken: an automatic move never replaces anything."""
-    if tx.lookup(parent, name) is None:
-        return name
-    n = 1
-    while True:
-        suffix = b".~%d~" % n
-        candidate = name[:NAME_MAX - len(suffix)] + suffix
-        if tx.lookup(parent, candidate) is None:
-            return candidate
-        n += 1
+    return names.free_name(name, lambda n: tx.lookup(parent, n) is not None)
 
 
 
@@ -184,14 +176,14 @@ class SpoolCore:
     def path_of(self, entry_id: int, root: int = 1) -> str | None:
         """Where an entry is below ``root`` (``q/ready/a``; ``""`` for ``root`` itself), or
         None when it is gone: for log lines."""
-        names: list[str] = []
+        parts: list[str] = []
         while entry_id != root:
             e = self.r.get(entry_id)
             if e is None or e.parent is None:
                 return None
-            names.append(e.name.decode(errors="backslashreplace"))
+            parts.append(e.name.decode(errors="backslashreplace"))
             entry_id = e.parent
-        return "/".join(reversed(names))
+        return "/".join(reversed(parts))
 
     def listdir(self, parent: int) -> list[Entry]:
         self.check_dir(parent)
