@@ -18,6 +18,7 @@ from spoolfs.core import policy as P
 from spoolfs.core.errors import Invalid, NoAttribute, NotFound, SpoolError
 from spoolfs.core.policy import NS
 from spoolfs.core.rules import State
+from spoolfs.service import lifecycle
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.lifecycle import Lifecycle
@@ -576,6 +577,31 @@ async def test_retention_keeps_shared_content_and_pending_retries(env: Env) -> N
         assert h.read(0, 1 << 30) == data
     finally:
         h.close()
+
+
+async def test_retention_keeps_up_with_a_queue_faster_than_one_batch_a_sweep(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep deletes a batch (500) per transaction, and sweeps came every 5 s: a queue that
+    finished more than 100 messages a second grew success/ without end. While a sweep finds
+    a full batch, the next tick sweeps again."""
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    monkeypatch.setattr(lifecycle, "BATCH", 5)
+    await env.policy(success_retention="1m")
+    w = await env.view()
+    first = await upload(spool, q[State.READY], b"m00")
+    for i in range(1, 12):
+        await spool.link(first, q[State.READY], b"m%02d" % i, WHO)
+    for i in range(12):
+        await claim(spool, q, w, b"m%02d" % i)
+        await spool.rename(w, b"m%02d" % i, q[State.SUCCESS], b"m%02d" % i, 0, WHO)
+    clock.advance(2 * MIN)
+    left = []
+    for _ in range(4):  # four ticks, 0.5 s apart: well within one 5 s sweep period
+        await lc.step()
+        left.append(len(names(spool, q[State.SUCCESS])))
+        clock.advance(NS // 2)
+    assert left == [7, 2, 0, 0]
+    assert lc.purged == 12
 
 
 async def test_default_retention_keeps_forever(env: Env) -> None:

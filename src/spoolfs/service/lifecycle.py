@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 TICK = 0.5  # seconds between rounds: expiries land within this of their time
 BATCH = 500  # messages moved per transaction; more wait for the next round
-PURGE_EVERY = 5.0  # seconds between retention sweeps
+PURGE_EVERY = 5.0  # seconds between retention sweeps, unless the last one found a full batch
 
 
 class Lifecycle:
@@ -36,6 +36,7 @@ class Lifecycle:
         self.spool = spool
         self.clock = clock or spool.clock
         self._last_purge = 0
+        self._purge_behind = False  # the last sweep deleted a full batch: sweep again next tick
         self.expired = self.retried = self.purged = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -55,7 +56,7 @@ class Lifecycle:
         await self.expire_leases()
         await self.send_retries()
         now = self.clock()
-        if now - self._last_purge >= PURGE_EVERY * L.NS:
+        if self._purge_behind or now - self._last_purge >= PURGE_EVERY * L.NS:
             self._last_purge = now
             await self.purge()
 
@@ -143,6 +144,7 @@ class Lifecycle:
     async def purge(self) -> int:
         now = self.clock()
         total = 0
+        self._purge_behind = False
         for queue, policy in self.spool.policies.queues():
             for state, retention in ((State.SUCCESS, policy.success_retention),
                                      (State.ERROR, policy.error_retention)):
@@ -194,6 +196,8 @@ class Lifecycle:
         n = len(purged)
         if n:
             log.info("purged %d message(s) from %s/ past their retention", n, state.value)
+        if n == BATCH:  # more may be due: a queue that finishes faster than a batch a sweep
+            self._purge_behind = True
         return n
 
     @staticmethod
