@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import psycopg
 import pytest
@@ -225,26 +226,48 @@ def test_gc_prunes_the_change_log(pg_url: str) -> None:
     s.close()
 
 
-def test_counting_subdirectories_reads_an_index_of_directories(pg_url: str) -> None:
-    """``stat working/`` asks for its link count after every claim. The count is read from an
-    index of directories only, not from every message beside them; a database made before
-    that index gets it when it is opened."""
+def test_the_hot_path_queries_read_their_indexes_also_after_a_migration(pg_url: str) -> None:
+    """A directory's link count (every ``stat working/`` after a claim), the idle-view sweep,
+    a publish's duplicate check and the retention sweep each read an index that names exactly
+    the rows they return, not every message beside them; a database made by version 1 gets
+    those indexes (and loses the ones they replace) when it is opened."""
     PostgresStore(pg_url).close()
-    with psycopg.connect(pg_url, autocommit=True) as c:  # as the previous version made it
-        c.execute("DROP INDEX entries_subdirs")
+    with psycopg.connect(pg_url, autocommit=True) as c:  # as version 1 made it
+        for name in ("entries_subdirs", "entries_purgeable", "entries_blob_queue"):
+            c.execute(f"DROP INDEX {name}")
+        c.execute("CREATE INDEX entries_blob ON entries(blob)")
+        c.execute("CREATE INDEX entries_finished ON entries(queue, state, finished_ns) "
+                  "WHERE finished_ns IS NOT NULL")
         c.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
     store = PostgresStore(pg_url)
+    ran: list[tuple[str, Sequence[Any]]] = []
     try:
-        d = one(store, lambda tx: tx.insert(parent=1, name=b"w", kind="state", mode=0o40755,
-                                            mtime_ns=1, ctime_ns=1, created_ns=1))
-        assert store.reader().subdirs(d.id) == 0
+        d = one(store, lambda tx: tx.insert(parent=1, name=b"q", kind="queue", mode=0o40755,
+                                            mtime_ns=1, ctime_ns=1, created_ns=1)).id
+        b = one(store, lambda tx: tx.blob_insert(b"\1" * 32, 1, None))
+        r = store.reader()
+        run = r._run  # type: ignore[attr-defined]
+
+        def recording(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+            ran.append((query, params))
+            return run(query, params)  # type: ignore[no-any-return]
+        r._run = recording  # type: ignore[attr-defined]
+        try:
+            assert r.subdirs(d) == 0 and r.subdirectories(d) == []
+            assert r.published_with(d, b, 0, 0) is None
+            assert r.finished_before(d, State.ERROR, 1000, 500) == []
+        finally:
+            r._run = run  # type: ignore[attr-defined]
     finally:
         store.close()
+    expected = ["entries_subdirs", "entries_subdirs", "entries_blob_queue", "entries_purgeable"]
     with psycopg.connect(pg_url, autocommit=True) as c:
         c.execute("SET enable_seqscan = off")  # a few rows: the planner would scan the table
-        plan = "\n".join(r[0] for r in c.execute(
-            "EXPLAIN SELECT COUNT(*) FROM entries WHERE parent=1 AND hidden=0 "
-            "AND (mode & 61440)=16384"))
+        for (query, params), index in zip(ran, expected, strict=True):
+            plan = "\n".join(row[0] for row in c.execute(f"EXPLAIN {query}", params))
+            assert index in plan, f"{query}\n{plan}"
+        names = {row[0] for row in c.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename='entries'")}
         version = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    assert "entries_subdirs" in plan, plan
-    assert version is not None and int(version[0]) == 2
+    assert {"entries_blob", "entries_finished"}.isdisjoint(names), names
+    assert version is not None and int(version[0]) == pg_schema.VERSION == 2

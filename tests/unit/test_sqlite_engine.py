@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from spoolfs.core.rules import State
+from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 from spoolfs.store.registry import open_store
 from spoolfs.store.sqlite import PAGE_SIZE
 
@@ -48,44 +53,82 @@ def test_a_store_made_with_larger_pages_keeps_them_and_its_messages(tmp_path: Pa
     assert pragma(db, "integrity_check") == "ok"
 
 
-def test_subdirectories_are_read_without_the_messages(tmp_path: Path) -> None:
-    """``stat working/`` asks for its link count after every claim (the kernel's attributes of
-    the directory are dropped when its mtime changes), and the idle-view sweep reads its
-    views. Neither reads the messages beside them: the work SQLite does is the same for 10
-    messages in the directory as for 2,000."""
-    store = open_store(str(tmp_path / "s"))
+def vm_steps(store: Store, check: Callable[[ReadTx], None]) -> int:
+    """The virtual machine instructions SQLite runs for ``check``'s queries: the work done,
+    without a clock."""
+    r = store.reader()
+    conn = r.conn  # type: ignore[attr-defined]
+    count = [0]
+
+    def tick() -> int:
+        count[0] += 1
+        return 0
+    conn.set_progress_handler(tick, 1)
     try:
-        def mkdir(parent: int, name: bytes):  # type: ignore[no-untyped-def]
-            return lambda tx: tx.insert(parent=parent, name=name, kind="consumer", mode=0o40755,
-                                        mtime_ns=1, ctime_ns=1, created_ns=1)
-        d = store.run_batch([mkdir(1, b"working")], True)[0][1].id
-        store.run_batch([mkdir(d, b"view")], True)
-
-        def fill(n: int) -> None:
-            store.run_batch([lambda tx, i=i: tx.insert(
-                parent=d, name=b"m%05d" % i, kind="message", state=State.WORKING,
-                mode=0o100644, mtime_ns=1, ctime_ns=1, created_ns=1) for i in range(n)], True)
-
-        def steps() -> int:
-            r = store.reader()
-            count = [0]
-
-            def tick() -> int:
-                count[0] += 1
-                return 0
-            r.conn.set_progress_handler(tick, 1)  # type: ignore[attr-defined]
-            try:
-                assert r.subdirs(d) == 1
-                assert [e.name for e in r.subdirectories(d)] == [b"view"]
-            finally:
-                r.conn.set_progress_handler(None, 1)  # type: ignore[attr-defined]
-            return count[0]
-
-        fill(10)
-        few = steps()
-        store.run_batch([lambda tx: [tx.delete(e.id) for e in store.reader().children(d)
-                                     if e.kind == "message"]], True)
-        fill(2000)
-        assert steps() == few
+        check(r)
     finally:
-        store.close()
+        conn.set_progress_handler(None, 1)
+    return count[0]
+
+
+def mkdir(parent: int, name: bytes) -> Callable[[WriteTx], Entry]:
+    return lambda tx: tx.insert(parent=parent, name=name, kind="consumer", mode=0o40755,
+                                mtime_ns=1, ctime_ns=1, created_ns=1)
+
+
+def fill(store: Store, parent: int, n: int, state: State, **fields: Any) -> None:
+    store.run_batch([lambda tx, i=i: tx.insert(
+        parent=parent, name=b"m%05d" % i, kind="message", state=state, mode=0o100644,
+        mtime_ns=1, ctime_ns=1, created_ns=1, **fields) for i in range(n)], True)
+
+
+def subdirectories(store: Store, n: int) -> Callable[[ReadTx], None]:
+    """``stat working/`` asks for its link count after every claim (the kernel's attributes
+    of the directory are dropped when its mtime changes), and the idle-view sweep reads its
+    views: beside ``n`` claims."""
+    d = store.run_batch([mkdir(1, b"working")], True)[0][1].id
+    store.run_batch([mkdir(d, b"view")], True)
+    fill(store, d, n, State.WORKING)
+
+    def check(r: ReadTx) -> None:
+        assert r.subdirs(d) == 1
+        assert [e.name for e in r.subdirectories(d)] == [b"view"]
+    return check
+
+
+def duplicates(store: Store, n: int) -> Callable[[ReadTx], None]:
+    """A publish into a queue with ``duplicates`` on looks for an earlier message with the
+    same content within the window: beside ``n`` older ones (``skip`` keeps every copy)."""
+    d = store.run_batch([mkdir(1, b"q")], True)[0][1].id
+    b = store.run_batch([lambda tx: tx.blob_insert(b"\1" * 32, 1, b"x")], True)[0][1]
+    fill(store, d, n, State.SUCCESS, queue=d, blob=b, enqueued_ns=1)
+
+    def check(r: ReadTx) -> None:
+        assert r.published_with(d, b, 1000, 0) is None
+    return check
+
+
+def retention(store: Store, n: int) -> Callable[[ReadTx], None]:
+    """The retention sweep (every 5 s) looks for finished messages past their time: beside
+    ``n`` in error/ that wait for a retry, which it must leave."""
+    d = store.run_batch([mkdir(1, b"q")], True)[0][1].id
+    fill(store, d, n, State.ERROR, queue=d, finished_ns=1, retry_ns=1 << 62)
+
+    def check(r: ReadTx) -> None:
+        assert r.finished_before(d, State.ERROR, 1000, 500) == []
+    return check
+
+
+@pytest.mark.parametrize("case", [subdirectories, duplicates, retention])
+def test_a_query_on_the_hot_path_reads_no_row_it_does_not_return(
+        tmp_path: Path, case: Callable[[Store, int], Callable[[ReadTx], None]]) -> None:
+    """Each query runs beside 10 and beside 2,000 rows it must not return: SQLite does the
+    same work both times (an index names exactly what it wants)."""
+    work = []
+    for n in (10, 2000):
+        store = open_store(str(tmp_path / f"s{n}"))
+        try:
+            work.append(vm_steps(store, case(store, n)))
+        finally:
+            store.close()
+    assert work[0] == work[1], work

@@ -11,10 +11,16 @@ LOCK_CHANGES = 0x5370_6F6F_6C02
 
 CHANNEL = "spoolfs_changes"
 
-#: a directory's visible subdirectories (S_IFMT / S_IFDIR): its link count, asked by every
-#: stat of working/, without reading the messages beside them
-SUBDIRS_INDEX = """CREATE INDEX IF NOT EXISTS entries_subdirs ON entries(parent)
-    WHERE hidden=0 AND (mode & 61440)=16384"""
+#: Version 2's indexes (store/schema.py says what each is for): a directory's subdirectories,
+#: the finished messages the retention sweep may purge, the messages sharing a content by
+#: queue and time. Each names exactly the rows its query returns, however deep the queues.
+INDEXES_2 = [
+    """CREATE INDEX IF NOT EXISTS entries_subdirs ON entries(parent, id)
+    WHERE hidden=0 AND (mode & 61440)=16384""",
+    """CREATE INDEX IF NOT EXISTS entries_purgeable ON entries(queue, state, finished_ns)
+    WHERE finished_ns IS NOT NULL AND retry_ns IS NULL AND kind='message'""",
+    "CREATE INDEX IF NOT EXISTS entries_blob_queue ON entries(blob, queue, enqueued_ns)",
+]
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS blobs (
@@ -56,14 +62,11 @@ CREATE TABLE IF NOT EXISTS entries (
     UNIQUE (parent, name)
 );
 CREATE INDEX IF NOT EXISTS entries_queue_state ON entries(queue, state, enqueued_ns);
-CREATE INDEX IF NOT EXISTS entries_blob ON entries(blob);
 CREATE INDEX IF NOT EXISTS entries_parent ON entries(parent, id);
 CREATE INDEX IF NOT EXISTS entries_staged ON entries(id) WHERE staged=1;
 CREATE INDEX IF NOT EXISTS blobs_unreferenced ON blobs(id) WHERE refcount=0;
 CREATE INDEX IF NOT EXISTS entries_lease ON entries(lease_ns) WHERE lease_ns IS NOT NULL;
 CREATE INDEX IF NOT EXISTS entries_retry ON entries(retry_ns) WHERE retry_ns IS NOT NULL;
-CREATE INDEX IF NOT EXISTS entries_finished ON entries(queue, state, finished_ns)
-    WHERE finished_ns IS NOT NULL;
 
 
 CREATE TABLE IF NOT EXISTS xattrs (
@@ -110,9 +113,10 @@ CREATE TABLE IF NOT EXISTS changes (
     old_name   BYTEA,
     origin     TEXT NOT NULL      -- the daemon that made the change
 );
-""" + SUBDIRS_INDEX + ";\n"
+""" + "".join(f"{stmt};\n" for stmt in INDEXES_2)
 
 #: version -> statements that bring a database of that version to the next one
 MIGRATIONS: dict[int, list[str]] = {
-    1: [SUBDIRS_INDEX],  # version 2: the link count of a directory without its messages
+    1: ["DROP INDEX IF EXISTS entries_blob", "DROP INDEX IF EXISTS entries_finished",
+        *INDEXES_2],  # version 2: indexes that read no row their query does not return
 }

@@ -37,7 +37,6 @@ CREATE TABLE IF NOT EXISTS entries (
     UNIQUE (parent, name)
 );
 CREATE INDEX IF NOT EXISTS entries_queue_state ON entries(queue, state, enqueued_ns);
-CREATE INDEX IF NOT EXISTS entries_blob ON entries(blob);
 
 -- Content, addressed by SHA-256, shared by every message that references it.
 CREATE TABLE IF NOT EXISTS blobs (
@@ -86,12 +85,18 @@ CREATE TABLE IF NOT EXISTS meta (
 
 # Created after MIGRATIONS, so that they may name columns an older store lacks.
 INDEXES = """
--- The lifecycle's timers: due leases, due retries, finished messages by age. Partial indexes:
--- only messages that have the time are in them.
+-- The lifecycle's timers: due leases, due retries, finished messages by age (those waiting
+-- for a retry are never purged: not in it). Partial indexes: only messages that have the time
+-- are in them.
 CREATE INDEX IF NOT EXISTS entries_lease ON entries(lease_ns) WHERE lease_ns IS NOT NULL;
 CREATE INDEX IF NOT EXISTS entries_retry ON entries(retry_ns) WHERE retry_ns IS NOT NULL;
-CREATE INDEX IF NOT EXISTS entries_finished ON entries(queue, state, finished_ns)
-    WHERE finished_ns IS NOT NULL;
+DROP INDEX IF EXISTS entries_finished;
+CREATE INDEX IF NOT EXISTS entries_purgeable ON entries(queue, state, finished_ns)
+    WHERE finished_ns IS NOT NULL AND retry_ns IS NULL AND kind='message';
+-- The messages sharing a content, by queue and time in ready/: a publish's duplicate check
+-- (the earliest in the window) reads one row however many copies the content has.
+DROP INDEX IF EXISTS entries_blob;
+CREATE INDEX IF NOT EXISTS entries_blob_queue ON entries(blob, queue, enqueued_ns);
 -- A directory's entries in id order (the rowid follows the parent in the index): listings
 -- and recovery read a directory a page at a time.
 CREATE INDEX IF NOT EXISTS entries_parent ON entries(parent);
