@@ -18,7 +18,7 @@ from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.recovery import recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
-from spoolfs.store.base import Entry
+from spoolfs.store.base import Entry, StoreBusy
 from spoolfs.store.sqlite import open_store
 
 
@@ -186,6 +186,58 @@ async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -
     assert counts["uploads_to_partial"] == 1 and counts["staging_orphans"] == 1
     assert spool.lookup(q[State.PARTIAL], b"x").staged  # still an upload, in partial/
     assert spool.listdir(q[State.READY]) == []
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []
+
+
+async def test_recovery_looks_for_orphan_blob_files_without_the_write_lock(
+        tmp_path: Path) -> None:
+    """Recovery at mount walks every blob file (one per content kept in a file: a deep queue
+    of large messages has a million). It walked them holding the store's write lock, so
+    another daemon on the store could commit nothing meanwhile (past its busy timeout: EIO).
+    The walk and the row lookups take no lock; only the files found orphaned are looked at
+    again under it, and a file whose row committed meanwhile stays."""
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    qe = await spool.mkdir(1, b"q", 0o755, WHO)
+    q = Q(spool, qe.id)
+    kept = spool.get(await upload(spool, q[State.READY], b"big", os.urandom(INLINE_MAX * 2)))
+    assert kept.blob is not None
+    late = spool.get(await upload(spool, q[State.READY], b"late", os.urandom(INLINE_MAX * 2)))
+    assert late.blob is not None
+    late_blob = spool.r.blob(late.blob)
+    assert late_blob is not None
+    orphan = spool.content.blobs.path(b"\7" * 32, 999_999)  # a crash between file and row
+    os.makedirs(os.path.dirname(orphan), exist_ok=True)
+    with open(orphan, "wb") as f:
+        f.write(b"lost")
+    store.close()
+
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    other = open_store(str(tmp_path))  # another daemon on the store
+    walk = spool.content.blobs.walk
+    committed: list[bool] = []
+
+    def walking() -> list[tuple[str, bytes, int]]:
+        try:
+            ok, _ = other.run_batch([lambda tx: tx.set_meta("probe", "1")], True,
+                                    wait=False)[0]
+        except StoreBusy:
+            ok = False
+        committed.append(ok)
+        return walk()
+    spool.content.blobs.walk = walking  # type: ignore[method-assign]
+    blob = spool.r.blob
+    spool.r.blob = lambda bid: None if bid == late_blob.id else blob(bid)  # type: ignore[method-assign]
+    counts = recover(spool)
+    spool.r.blob = blob  # type: ignore[method-assign]
+    assert committed == [True], "another daemon's commit waited for the walk"
+    assert counts["blob_orphans"] == 1 and not os.path.exists(orphan)
+    assert os.path.exists(spool.content.blobs.path(late_blob.sha256, late_blob.id)), \
+        "a file whose row is there when the lock is held is no orphan"
+    assert content(spool, late.id) and content(spool, kept.id)
+    other.close()
     store.close()
     assert Fsck(str(tmp_path)).run() == []
 

@@ -4,8 +4,10 @@
   shows complete files (skipped while another daemon still has it open for writing);
 - staging files without a message (and held by no upload) are removed; blob files without a
   blob row and unreferenced blob rows too, under the store's write lock so no other daemon is
-  mid-transaction. A store shared by several hosts takes no such lock: there, blob files and
-  rows are left to gc, and only uploads staged on this host are judged.
+  mid-transaction. The blob files are walked, and their rows looked up, before the lock is
+  taken (a deep queue of large messages has a million): under it, only the files found
+  orphaned are looked at again. A store shared by several hosts takes no such lock: there,
+  blob files and rows are left to gc, and only uploads staged on this host are judged.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context
 from spoolfs.service.moves import apply
 from spoolfs.service.spool import Spool
-from spoolfs.store.base import Entry, WriteTx
+from spoolfs.store.base import Blob, Entry, WriteTx
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,12 @@ def recover(spool: Spool) -> dict[str, int]:
         counts["uploads_to_partial"] += 1
         log.warning("recovery: unclosed upload %r moved from ready/ to partial/", e.name)
 
+    # Blob files no row names, found without the lock: another daemon on the store commits
+    # meanwhile, and a file it places then is looked at again below.
+    suspects = [] if shared else [
+        (path, sha, bid) for path, sha, bid in content.blobs.walk()
+        if not _named(r.blob(bid), sha)]
+
     def orphans(tx: WriteTx) -> None:
         # A new upload's staging file is held before its row commits: a file nobody holds
         # and no row names is left over from a crash.
@@ -73,10 +81,12 @@ def recover(spool: Spool) -> dict[str, int]:
         # Holding the write lock: no other daemon is between placing a blob file and
         # committing the row that names it. (Content kept inside the store, small messages,
         # has no file: a deep queue of those costs nothing here.)
-        for path, sha, bid in content.blobs.walk():
-            b = tx.blob(bid)
-            if b is None or b.sha256 != sha or b.data is not None:
-                os.unlink(path)
+        for path, sha, bid in suspects:
+            if not _named(tx.blob(bid), sha):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:  # removed meanwhile (another daemon's recovery)
+                    continue
                 counts["blob_orphans"] += 1
         for b in tx.unreferenced_blobs():
             tx.blob_delete(b.id)
@@ -90,3 +100,9 @@ def recover(spool: Spool) -> dict[str, int]:
     if any(counts.values()):
         log.info("recovery: %s", ", ".join(f"{k}={v}" for k, v in counts.items()))
     return counts
+
+
+def _named(b: Blob | None, sha: bytes) -> bool:
+    """Whether a blob file of this content is the one blob row ``b`` (looked up by the file's
+    id) names: a row of the same content, kept in a file."""
+    return b is not None and b.sha256 == sha and b.data is None
