@@ -4,7 +4,7 @@ running, a queue's state directories, uploads and reads (tests/service)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import trio
@@ -12,6 +12,7 @@ import trio
 from spoolfs.core.rules import State
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.spool import Spool, Who
+from spoolfs.store.base import Entry
 from spoolfs.store.registry import open_store
 
 WHO = Who(0, 0, 1)
@@ -55,3 +56,30 @@ def content(spool: Spool, entry_id: int) -> bytes:
         return h.read(0, 1 << 30)
     finally:
         h.close()
+
+
+async def copies(spool: Spool, d: int, n: int) -> list[bytes]:
+    """``n`` messages in ``d`` (``m000``, ``m001``...), one content shared by fan-out links:
+    a deep directory made quickly."""
+    names = [b"m%03d" % i for i in range(n)]
+    first = await upload(spool, d, names[0], b"x")
+    for name in names[1:]:
+        await spool.link(first, d, name, WHO)
+    return names
+
+
+@contextlib.contextmanager
+def entries_read() -> Iterator[list[int]]:
+    """Counts the store's rows read into entries meanwhile: ``[n]``, final once the block
+    ends. What a path reads, whatever the engine, without a clock."""
+    count = [0]
+    init = Entry.__init__
+
+    def counting(self: Entry, *args: object, **kw: object) -> None:
+        count[0] += 1
+        init(self, *args, **kw)  # type: ignore[arg-type]
+    Entry.__init__ = counting  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        Entry.__init__ = init  # type: ignore[method-assign]

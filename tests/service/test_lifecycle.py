@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from helpers.spool import Q
+from helpers.spool import Q, copies, entries_read
 from spoolfs.core import policy as P
 from spoolfs.core.errors import Invalid, NoAttribute, NotFound, SpoolError
 from spoolfs.core.policy import NS
@@ -619,32 +619,22 @@ async def test_default_retention_keeps_forever(env: Env) -> None:
     assert [spool.get(m).state for m in mids] == [State.SUCCESS, State.ERROR]
 
 
-async def test_idle_views_are_found_without_reading_the_claims_beside_them(
-        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_idle_views_are_found_without_reading_the_claims_beside_them(env: Env) -> None:
     """``idle_views``: the sweep looks at the views in working/, not at the claims in flight
     beside them (with 100,000 claims, reading them all held the mount for a second at every
     sweep)."""
     spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
     await env.policy(idle_views="1m", lease_timeout="1d")
     idle, busy = await env.view(b"idle"), await env.view(b"busy")
-    first = await upload(spool, q[State.READY], b"m000")
-    for i in range(1, 200):
-        await spool.link(first, q[State.READY], b"m%03d" % i, WHO)
-    await claim(spool, q, busy, b"m000")
-    for i in range(1, 200):
-        await spool.rename(q[State.READY], b"m%03d" % i, q[State.WORKING], b"m%03d" % i, 0, WHO)
+    first, *rest = await copies(spool, q[State.READY], 200)
+    await claim(spool, q, busy, first)
+    for name in rest:
+        await spool.rename(q[State.READY], name, q[State.WORKING], name, 0, WHO)
     clock.advance(2 * MIN)
-    built = [0]
-    init = Entry.__init__
-
-    def counting(self: Entry, *a: Any, **kw: Any) -> None:
-        built[0] += 1
-        init(self, *a, **kw)
-    monkeypatch.setattr(Entry, "__init__", counting)
-    assert await lc.remove_idle_views(q.id, clock() - MIN) == 1
-    monkeypatch.undo()
-    assert built[0] < 20, f"{built[0]} entries read to find 2 views beside 199 claims"
-    assert names(spool, q[State.WORKING]) == {b"busy"} | {b"m%03d" % i for i in range(1, 200)}
+    with entries_read() as read:
+        assert await lc.remove_idle_views(q.id, clock() - MIN) == 1
+    assert read[0] < 20, f"{read[0]} entries read to find 2 views beside 199 claims"
+    assert names(spool, q[State.WORKING]) == {b"busy", *rest}
     with pytest.raises(NotFound):
         spool.get(idle)
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from helpers.spool import WHO, Q, content, upload  # noqa: E402
+from helpers.spool import WHO, Q, content, copies, entries_read, upload  # noqa: E402
 from spoolfs.core.errors import Exists, NotEmpty, NotFound, NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.service import content as content_module
@@ -18,7 +17,7 @@ from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.recovery import recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
-from spoolfs.store.base import Entry, StoreBusy
+from spoolfs.store.base import StoreBusy
 from spoolfs.store.sqlite import open_store
 
 
@@ -96,31 +95,21 @@ async def test_refusals_change_nothing(env: tuple[Spool, Q]) -> None:
 
 
 async def test_removing_a_queue_removes_its_empty_views_and_reads_no_message(
-        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+        env: tuple[Spool, Q]) -> None:
     """``rmdir QUEUE``: refused while a message or an upload being written is in it, found
     without reading the rest (a mistaken rmdir beside a million messages read them all into
     memory); a queue with only empty consumer views goes, views and all."""
     spool, q = env
     view = await spool.mkdir(q[State.WORKING], b"v", 0o755, WHO)
-    first = await upload(spool, q[State.READY], b"m000", b"x")
-    for i in range(1, 200):
-        await spool.link(first, q[State.READY], b"m%03d" % i, WHO)
-    built = [0]
-    init = Entry.__init__
-
-    def counting(self: Entry, *a: Any, **kw: Any) -> None:
-        built[0] += 1
-        init(self, *a, **kw)
-    monkeypatch.setattr(Entry, "__init__", counting)
-    with pytest.raises(NotEmpty):
+    messages = await copies(spool, q[State.READY], 200)
+    with entries_read() as read, pytest.raises(NotEmpty):
         await spool.rmdir(1, b"q", WHO)
-    monkeypatch.undo()
-    assert built[0] < 20, f"{built[0]} entries read to refuse a queue of 200 messages"
+    assert read[0] < 20, f"{read[0]} entries read to refuse a queue of 200 messages"
     assert spool.lookup(q[State.WORKING], b"v").id == view.id
     assert len(spool.listdir(q[State.READY])) == 200
 
-    for i in range(200):
-        await spool.unlink(q[State.READY], b"m%03d" % i, WHO)
+    for name in messages:
+        await spool.unlink(q[State.READY], name, WHO)
     e, h = await spool.create(q[State.PARTIAL], b"up", 0o644, WHO)  # being written
     with pytest.raises(NotEmpty):
         await spool.rmdir(1, b"q", WHO)
