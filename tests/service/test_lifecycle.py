@@ -604,6 +604,31 @@ async def test_retention_keeps_up_with_a_queue_faster_than_one_batch_a_sweep(
     assert lc.purged == 12
 
 
+async def test_retention_keeps_up_while_another_daemon_shares_the_batches(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two daemons on one store both sweep: each reads the same full batch and purges only
+    what the other has not. A batch read full still means more may be due."""
+    spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
+    monkeypatch.setattr(lifecycle, "BATCH", 5)
+    await env.policy(success_retention="1m")
+    w = await env.view()
+    for name in await copies(spool, q[State.READY], 12):
+        await claim(spool, q, w, name)
+        await spool.rename(w, name, q[State.SUCCESS], name, 0, WHO)
+    clock.advance(2 * MIN)
+    seen = spool.r.finished_before(q.id, State.SUCCESS, clock(), 5)
+    for e in seen[:2]:  # the other daemon's sweep got there first
+        await spool.unlink(q[State.SUCCESS], e.name, WHO)
+    read = spool.r.finished_before
+    monkeypatch.setattr(spool.r, "finished_before", lambda *a: seen)
+    await lc.step()
+    monkeypatch.setattr(spool.r, "finished_before", read)
+    assert len(names(spool, q[State.SUCCESS])) == 7 and lc.purged == 3
+    clock.advance(NS // 2)
+    await lc.step()  # 0.5 s later, not 5 s
+    assert len(names(spool, q[State.SUCCESS])) == 2
+
+
 async def test_default_retention_keeps_forever(env: Env) -> None:
     spool, q, clock, lc = env.spool, env.q, env.clock, env.lc
     w = await env.view()

@@ -98,7 +98,8 @@ async def test_removing_a_queue_removes_its_empty_views_and_reads_no_message(
         env: tuple[Spool, Q]) -> None:
     """``rmdir QUEUE``: refused while a message or an upload being written is in it, found
     without reading the rest (a mistaken rmdir beside a million messages read them all into
-    memory); a queue with only empty consumer views goes, views and all."""
+    memory), and a refusal found after the views were removed puts them back; a queue with
+    only empty consumer views goes, views and all."""
     spool, q = env
     view = await spool.mkdir(q[State.WORKING], b"v", 0o755, WHO)
     messages = await copies(spool, q[State.READY], 200)
@@ -108,13 +109,22 @@ async def test_removing_a_queue_removes_its_empty_views_and_reads_no_message(
     assert spool.lookup(q[State.WORKING], b"v").id == view.id
     assert len(spool.listdir(q[State.READY])) == 200
 
-    for name in messages:
+    done, *rest = messages
+    await spool.rename(q[State.READY], done, q[State.WORKING], done, 0, WHO)
+    await spool.rename(q[State.WORKING], done, q[State.SUCCESS], done, 0, WHO)
+    for name in rest:
         await spool.unlink(q[State.READY], name, WHO)
-    e, h = await spool.create(q[State.PARTIAL], b"up", 0o644, WHO)  # being written
-    with pytest.raises(NotEmpty):
+    with pytest.raises(NotEmpty):  # success/ comes after working/: its view was removed
         await spool.rmdir(1, b"q", WHO)
-    await spool.close(h, WHO)
-    await spool.unlink(q[State.PARTIAL], b"up", WHO)
+    assert spool.lookup(q[State.WORKING], b"v").id == view.id
+    await spool.unlink(q[State.SUCCESS], done, WHO)
+    for d in (State.READY, State.PARTIAL):  # an upload being written: hidden in ready/
+        e, h = await spool.create(q[d], b"up", 0o644, WHO)
+        with pytest.raises(NotEmpty):
+            await spool.rmdir(1, b"q", WHO)
+        await spool.close(h, WHO)
+        await spool.unlink(q[d], b"up", WHO)
+        assert spool.lookup(q[State.WORKING], b"v").id == view.id
     await spool.rmdir(1, b"q", WHO)
     with pytest.raises(NotFound):
         spool.get(view.id)

@@ -271,3 +271,21 @@ def test_the_hot_path_queries_read_their_indexes_also_after_a_migration(pg_url: 
         version = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     assert {"entries_blob", "entries_finished"}.isdisjoint(names), names
     assert version is not None and int(version[0]) == pg_schema.VERSION == 2
+
+
+def test_a_migration_is_not_cut_short_by_the_request_limits(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A migration builds indexes over every row: on a large table that takes longer than a
+    request may (statement timeout), and it rolled back at every mount. It runs without the
+    limit."""
+    from spoolfs.store import postgres
+    PostgresStore(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    monkeypatch.setattr(postgres, "SESSION", "SET statement_timeout = 100")
+    monkeypatch.setitem(pg_schema.MIGRATIONS, 1,
+                        ["SELECT pg_sleep(0.3)", *pg_schema.MIGRATIONS[1]])
+    PostgresStore(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        version = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    assert version is not None and int(version[0]) == pg_schema.VERSION

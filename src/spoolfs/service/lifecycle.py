@@ -196,8 +196,8 @@ class Lifecycle:
         n = len(purged)
         if n:
             log.info("purged %d message(s) from %s/ past their retention", n, state.value)
-        if n == BATCH:  # more may be due: a queue that finishes faster than a batch a sweep
-            self._purge_behind = True
+        if n and len(old) == BATCH:  # more may be due (purged here or by another daemon on
+            self._purge_behind = True  # the store): a queue finishing faster than a sweep
         return n
 
     @staticmethod

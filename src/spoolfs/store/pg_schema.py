@@ -13,7 +13,7 @@ CHANNEL = "spoolfs_changes"
 
 #: Version 2's indexes (store/schema.py says what each is for): a directory's subdirectories,
 #: the finished messages the retention sweep may purge, the messages sharing a content by
-#: queue and time. Each names exactly the rows its query returns, however deep the queues.
+#: queue and time. Each lets its query read only the rows it returns, however deep the queues.
 INDEXES_2 = [
     """CREATE INDEX IF NOT EXISTS entries_subdirs ON entries(parent, id)
     WHERE hidden=0 AND (mode & 61440)=16384""",

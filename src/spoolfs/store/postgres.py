@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5
 STATEMENT_TIMEOUT_MS = 30_000
 LOCK_TIMEOUT_MS = 10_000
+#: a daemon opening a database that another one is setting up or migrating (building indexes
+#: over every row) waits this long for it
+SCHEMA_LOCK_TIMEOUT_MS = 600_000
 #: a transaction left open by a daemon that vanished holds its row locks at most this long
 IDLE_IN_TX_TIMEOUT_MS = 60_000
 RETRIES = 5  # runs of a function that keeps losing deadlocks before it fails
@@ -494,6 +497,10 @@ class PostgresStore(Store):
         if row is not None and int(row[0]) == schema.VERSION:
             return
         with conn.transaction():
+            # Set-up and migrations build indexes over every row: no statement limit, and
+            # another daemon opening meanwhile waits up to ten minutes for them
+            conn.execute("SET LOCAL statement_timeout = 0; "
+                         f"SET LOCAL lock_timeout = {SCHEMA_LOCK_TIMEOUT_MS}")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (schema.LOCK_SCHEMA,))
             conn.execute(cast(Any, schema.TABLES))
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -511,6 +518,9 @@ class PostgresStore(Store):
             if version > schema.VERSION:
                 raise StoreFailure(f"the database has schema version {version}; this spoolfs "
                                    f"knows up to {schema.VERSION}: upgrade spoolfs")
+            if version < schema.VERSION:
+                log.info("migrating the database from schema version %d to %d: other hosts' "
+                         "writes wait until it is done", version, schema.VERSION)
             while version < schema.VERSION:
                 for stmt in schema.MIGRATIONS[version]:
                     conn.execute(cast(Any, stmt))
