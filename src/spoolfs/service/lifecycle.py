@@ -36,7 +36,7 @@ class Lifecycle:
         self.spool = spool
         self.clock = clock or spool.clock
         self._last_purge = 0
-        self._purge_behind = False  # the last sweep deleted a full batch: sweep again next tick
+        self._purge_behind = False  # the last sweep read a full batch: sweep again next tick
         self.expired = self.retried = self.purged = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -196,8 +196,10 @@ class Lifecycle:
         n = len(purged)
         if n:
             log.info("purged %d message(s) from %s/ past their retention", n, state.value)
-        if n and len(old) == BATCH:  # more may be due (purged here or by another daemon on
-            self._purge_behind = True  # the store): a queue finishing faster than a sweep
+        # A full batch read, some of it purged (the rest maybe by another daemon on the store):
+        # more may be due, from a queue that finishes faster than a batch a sweep.
+        if n and len(old) == BATCH:
+            self._purge_behind = True
         return n
 
     @staticmethod

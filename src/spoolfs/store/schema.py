@@ -85,9 +85,9 @@ CREATE TABLE IF NOT EXISTS meta (
 
 # Created after MIGRATIONS, so that they may name columns an older store lacks.
 INDEXES = """
--- The lifecycle's timers: due leases, due retries, finished messages by age (those waiting
--- for a retry are never purged: not in it). Partial indexes: only messages that have the time
--- are in them.
+-- The lifecycle's timers: due leases, due retries, finished messages by age. Partial indexes:
+-- only messages that have the time are in them (and, finished, no retry to wait for: those
+-- are never purged).
 CREATE INDEX IF NOT EXISTS entries_lease ON entries(lease_ns) WHERE lease_ns IS NOT NULL;
 CREATE INDEX IF NOT EXISTS entries_retry ON entries(retry_ns) WHERE retry_ns IS NOT NULL;
 DROP INDEX IF EXISTS entries_finished;
