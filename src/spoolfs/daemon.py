@@ -23,7 +23,7 @@ from spoolfs.runtime import make_runtime_dir, pidfile
 from spoolfs.service import gc
 from spoolfs.service.follower import ChangeFeed, Follower
 from spoolfs.service.lifecycle import Lifecycle
-from spoolfs.service.recovery import recover
+from spoolfs.service.recovery import orphan_blob_files, recover
 from spoolfs.service.roles import STRICT_ROLES, Gate
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Store
@@ -176,6 +176,8 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
                                 spool.changed_elsewhere, trio.CapacityLimiter(1))
             tasks.append(follower.run)
         nursery.start_soon(_run_in, timers, *tasks)
+        swept = trio.Event()
+        nursery.start_soon(_sweep_blob_files, spool, swept)
         if listeners:  # serving before the mount is reported ready
             await nursery.start(_metrics, metrics, listeners, spool, only_queue)
         on_ready()
@@ -186,6 +188,8 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
             signals.cancel()
             timers.cancel()
             metrics.cancel()
+            with trio.CancelScope(shield=True):  # the store is left as recovery promised
+                await swept.wait()
             spool.committer.close()  # the committer answers what it accepted, then returns
     log.info("fuse session ended: %d commits for %d requests; lifecycle: %d lease(s) expired, "
              "%d retried, %d purged; %d staging file(s) made ahead, %d used",
@@ -200,6 +204,17 @@ async def _metrics(scope: trio.CancelScope, listeners: list[socket.socket], spoo
     with scope:
         await metrics_http.serve(listeners, lambda: spool.snapshot(only_queue=only_queue),
                                  task_status=task_status)
+
+
+async def _sweep_blob_files(spool: Spool, done: trio.Event) -> None:
+    """Recovery's last part, while the mount serves (service/recovery.py): an unmount waits
+    for it, so that a store unmounted cleanly has no file a crash left behind."""
+    try:
+        await orphan_blob_files(spool)
+    except Exception:  # never take the mount down with it: gc finds the same files later
+        log.exception("recovery: blob files left by a crash not looked for")
+    finally:
+        done.set()
 
 
 async def _run_in(scope: trio.CancelScope, *fns: Callable[[], Awaitable[None]]) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from helpers.inspection import ls, setxattr, snapshot, xattr_text
 from helpers.mounts import Mount
-from helpers.procs import ok
+from helpers.procs import ok, spoolfs_cli
 from helpers.queues import Queue
 
 pytestmark = pytest.mark.fuse
@@ -68,3 +68,21 @@ def test_inode_numbers_are_not_reused(mount: Mount, queue: Queue) -> None:
         ino = os.stat(queue.ready / f"n{i}").st_ino
         assert ino not in seen, f"inode {ino} reused"
         seen.add(ino)
+
+
+def test_a_blob_file_a_crash_left_is_gone_once_unmounted(mount: Mount, queue: Queue) -> None:
+    """Recovery removes the blob files a crash left without a row while the mount serves
+    (their walk is long in a deep store), and an unmount waits for it: the store a clean
+    unmount leaves passes fsck."""
+    queue.publish("kept", os.urandom(70_000))
+    mount.umount()
+    orphan = mount.store / "blobs" / "07" / "07" / f"{'07' * 32}.999999"
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(b"a crash between the file and its row")
+    mount.start()
+    assert (queue.ready / "kept").stat().st_size == 70_000
+    mount.umount()
+    assert not orphan.exists()
+    assert "blob file(s) left by a crash removed" in mount.log_text()
+    res = spoolfs_cli("fsck", str(mount.store), timeout=120)
+    assert res.returncode == 0, res.stdout.decode(errors="replace")

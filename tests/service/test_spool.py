@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -15,7 +18,7 @@ from spoolfs.core.rules import State
 from spoolfs.service import content as content_module
 from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
-from spoolfs.service.recovery import recover
+from spoolfs.service.recovery import orphan_blob_files, recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.base import StoreBusy
 from spoolfs.store.sqlite import open_store
@@ -189,21 +192,20 @@ async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -
     assert Fsck(str(tmp_path)).run() == []
 
 
-async def test_recovery_looks_for_orphan_blob_files_without_the_write_lock(
+async def test_recovery_looks_for_orphan_blob_files_once_the_mount_serves(
         tmp_path: Path) -> None:
-    """Recovery at mount walks every blob file (one per content kept in a file: a deep queue
-    of large messages has a million). It walked them holding the store's write lock, so
-    another daemon on the store could commit nothing meanwhile (past its busy timeout: EIO).
-    The walk and the row lookups take no lock; only the files found orphaned are looked at
-    again under it, and a file whose row committed meanwhile stays."""
+    """Recovery walks every blob file (one per content kept in a file: a deep queue of large
+    messages has a million, a minute's walk) to find those a crash left without a row. Not
+    before the mount serves, and without the store's write lock (another daemon on the store
+    commits meanwhile); only the files found orphaned are looked at again under it, and a
+    file whose row committed meanwhile stays."""
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
     qe = await spool.mkdir(1, b"q", 0o755, WHO)
     q = Q(spool, qe.id)
     kept = spool.get(await upload(spool, q[State.READY], b"big", os.urandom(INLINE_MAX * 2)))
-    assert kept.blob is not None
     late = spool.get(await upload(spool, q[State.READY], b"late", os.urandom(INLINE_MAX * 2)))
-    assert late.blob is not None
+    assert kept.blob is not None and late.blob is not None
     late_blob = spool.r.blob(late.blob)
     assert late_blob is not None
     orphan = spool.content.blobs.path(b"\7" * 32, 999_999)  # a crash between file and row
@@ -216,6 +218,12 @@ async def test_recovery_looks_for_orphan_blob_files_without_the_write_lock(
     spool = Spool(store, str(tmp_path))
     other = open_store(str(tmp_path))  # another daemon on the store
     walk = spool.content.blobs.walk
+
+    def no_walk() -> list[tuple[str, bytes, int]]:
+        raise AssertionError("the mount waited for the walk of the blob files")
+    spool.content.blobs.walk = no_walk  # type: ignore[method-assign]
+    recover(spool)
+
     committed: list[bool] = []
 
     def walking() -> list[tuple[str, bytes, int]]:
@@ -227,12 +235,26 @@ async def test_recovery_looks_for_orphan_blob_files_without_the_write_lock(
         committed.append(ok)
         return walk()
     spool.content.blobs.walk = walking  # type: ignore[method-assign]
-    blob = spool.r.blob
-    spool.r.blob = lambda bid: None if bid == late_blob.id else blob(bid)  # type: ignore[method-assign]
-    counts = recover(spool)
-    spool.r.blob = blob  # type: ignore[method-assign]
+    scan = spool.store.scan
+
+    class LateRow:  # the walk's lookups miss a row committed right after them
+        def __init__(self, r: Any) -> None:
+            self.r = r
+
+        def blob(self, bid: int) -> Any:
+            return None if bid == late_blob.id else self.r.blob(bid)
+
+    @contextlib.contextmanager
+    def scanning() -> Iterator[Any]:
+        with scan() as r:
+            yield LateRow(r)
+    spool.store.scan = scanning  # type: ignore[method-assign]
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        assert await orphan_blob_files(spool) == 1
+        spool.committer.close()
     assert committed == [True], "another daemon's commit waited for the walk"
-    assert counts["blob_orphans"] == 1 and not os.path.exists(orphan)
+    assert not os.path.exists(orphan)
     assert os.path.exists(spool.content.blobs.path(late_blob.sha256, late_blob.id)), \
         "a file whose row is there when the lock is held is no orphan"
     assert content(spool, late.id) and content(spool, kept.id)

@@ -2,12 +2,16 @@
 
 - an upload into ``ready/`` that never closed is moved to ``partial/``: ``ready/`` only ever
   shows complete files (skipped while another daemon still has it open for writing);
-- staging files without a message (and held by no upload) are removed; blob files without a
-  blob row and unreferenced blob rows too, under the store's write lock so no other daemon is
-  mid-transaction. The blob files are walked, and their rows looked up, before the lock is
-  taken (a deep queue of large messages has a million): under it, only the files found
-  orphaned are looked at again. A store shared by several hosts takes no such lock: there,
-  blob files and rows are left to gc, and only uploads staged on this host are judged.
+- staging files without a message (and held by no upload) are removed, and unreferenced blob
+  rows, under the store's write lock so no other daemon is mid-transaction;
+- blob files without a blob row (``orphan_blob_files``) once the mount serves: a deep queue
+  of large messages has a million files, whose walk would hold up the mount for a minute. The
+  walk and the row lookups take no lock (a worker thread, the store's scan connection); only
+  the files found orphaned are looked at again under it. An orphan file harms nothing
+  meanwhile: placing a blob over one replaces it.
+
+A store shared by several hosts takes no such lock: there, blob files and rows are left to
+gc, and only uploads staged on this host are judged.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+
+import trio
 
 from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context
@@ -24,10 +30,12 @@ from spoolfs.store.base import Blob, Entry, WriteTx
 
 log = logging.getLogger(__name__)
 
+LOOKUPS = 1000  # blob files looked up per read of the store
+
 
 def recover(spool: Spool) -> dict[str, int]:
     r, content = spool.r, spool.content
-    counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blob_orphans": 0, "blobs_freed": 0}
+    counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blobs_freed": 0}
     if content.staging.adopt_flat_layout():
         log.info("recovery: staging files moved into the bucketed layout")
     entries = r.staged_entries()  # found by index: mounting costs the same however deep the queues
@@ -60,12 +68,6 @@ def recover(spool: Spool) -> dict[str, int]:
         counts["uploads_to_partial"] += 1
         log.warning("recovery: unclosed upload %r moved from ready/ to partial/", e.name)
 
-    # Blob files no row names, found without the lock: another daemon on the store commits
-    # meanwhile, and a file it places then is looked at again below.
-    suspects = [] if shared else [
-        (path, sha, bid) for path, sha, bid in content.blobs.walk()
-        if not _named(r.blob(bid), sha)]
-
     def orphans(tx: WriteTx) -> None:
         # A new upload's staging file is held before its row commits: a file nobody holds
         # and no row names is left over from a crash.
@@ -78,16 +80,6 @@ def recover(spool: Spool) -> dict[str, int]:
             # Other hosts place content and commit rows meanwhile, under no lock of ours:
             # blob files and rows are gc's, which waits out a grace period (service/gc.py).
             return
-        # Holding the write lock: no other daemon is between placing a blob file and
-        # committing the row that names it. (Content kept inside the store, small messages,
-        # has no file: a deep queue of those costs nothing here.)
-        for path, sha, bid in suspects:
-            if not _named(tx.blob(bid), sha):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:  # removed meanwhile (another daemon's recovery)
-                    continue
-                counts["blob_orphans"] += 1
         for b in tx.unreferenced_blobs():
             tx.blob_delete(b.id)
             if b.data is None:
@@ -100,6 +92,45 @@ def recover(spool: Spool) -> dict[str, int]:
     if any(counts.values()):
         log.info("recovery: %s", ", ".join(f"{k}={v}" for k, v in counts.items()))
     return counts
+
+
+async def orphan_blob_files(spool: Spool) -> int:
+    """Remove the blob files a crash left without a row (an embedded store's; a shared one
+    leaves them to gc); how many. Run once the mount serves: the walk and the lookups are in
+    a worker thread, and only the files found orphaned are looked at again, holding the write
+    lock: no other daemon is then between placing a blob file and committing its row."""
+    if not spool.place.embedded:
+        return 0
+    suspects = await trio.to_thread.run_sync(_suspects, spool)
+    if not suspects:
+        return 0
+
+    def fn(tx: WriteTx) -> int:
+        removed = 0
+        for path, sha, bid in suspects:
+            if not _named(tx.blob(bid), sha):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:  # removed meanwhile (another daemon's recovery)
+                    continue
+                removed += 1
+        return removed
+
+    removed: int = await spool.tx(fn)
+    if removed:
+        log.info("recovery: %d blob file(s) left by a crash removed", removed)
+    return removed
+
+
+def _suspects(spool: Spool) -> list[tuple[str, bytes, int]]:
+    """The blob files no row names, without the write lock: a page of lookups at a time on
+    the scan connection (a status snapshot waits for one page, not for the whole walk)."""
+    files = spool.content.blobs.walk()
+    out = []
+    for i in range(0, len(files), LOOKUPS):
+        with spool.store.scan() as r:
+            out += [f for f in files[i:i + LOOKUPS] if not _named(r.blob(f[2]), f[1])]
+    return out
 
 
 def _named(b: Blob | None, sha: bytes) -> bool:
