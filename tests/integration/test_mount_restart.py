@@ -83,6 +83,7 @@ def test_a_blob_file_a_crash_left_is_gone_once_unmounted(mount: Mount, queue: Qu
     assert (queue.ready / "kept").stat().st_size == 70_000
     mount.umount()
     assert not orphan.exists()
-    assert "blob file(s) left by a crash removed" in mount.log_text()
+    assert "blob file(s) looked at in" in mount.log_text()
+    assert ", 1 left by a crash removed" in mount.log_text()
     res = spoolfs_cli("fsck", str(mount.store), timeout=120)
     assert res.returncode == 0, res.stdout.decode(errors="replace")
