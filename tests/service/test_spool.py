@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -22,6 +19,7 @@ from spoolfs.service.recovery import orphan_blob_files, recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.base import StoreBusy
 from spoolfs.store.sqlite import open_store
+from spoolfs.store.sqlite_maint import SqliteGcTx
 
 
 @pytest.mark.parametrize("size", [10, INLINE_MAX + 1, OVERLAP_MIN + 1])
@@ -235,24 +233,18 @@ async def test_recovery_looks_for_orphan_blob_files_once_the_mount_serves(
         committed.append(ok)
         return walk()
     spool.content.blobs.walk = walking  # type: ignore[method-assign]
-    scan = spool.store.scan
+    files_of = SqliteGcTx.blobs_in_files
 
-    class LateRow:  # the walk's lookups miss a row committed right after them
-        def __init__(self, r: Any) -> None:
-            self.r = r
-
-        def blob(self, bid: int) -> Any:
-            return None if bid == late_blob.id else self.r.blob(bid)
-
-    @contextlib.contextmanager
-    def scanning() -> Iterator[Any]:
-        with scan() as r:
-            yield LateRow(r)
-    spool.store.scan = scanning  # type: ignore[method-assign]
-    async with trio.open_nursery() as n:
-        await n.start(spool.committer.run)
-        assert await orphan_blob_files(spool) == 1
-        spool.committer.close()
+    def late_row(tx: SqliteGcTx) -> dict[int, bytes]:  # committed right after the lookups
+        return {bid: sha for bid, sha in files_of(tx).items() if bid != late_blob.id}
+    SqliteGcTx.blobs_in_files = late_row  # type: ignore[method-assign]
+    try:
+        async with trio.open_nursery() as n:
+            await n.start(spool.committer.run)
+            assert await orphan_blob_files(spool) == 1
+            spool.committer.close()
+    finally:
+        SqliteGcTx.blobs_in_files = files_of  # type: ignore[method-assign]
     assert committed == [True], "another daemon's commit waited for the walk"
     assert not os.path.exists(orphan)
     assert os.path.exists(spool.content.blobs.path(late_blob.sha256, late_blob.id)), \

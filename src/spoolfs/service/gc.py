@@ -150,6 +150,16 @@ def _old_object(blobs: BlobStore, name: str, grace_ns: int, now_ns: int, report:
     return info
 
 
+def mark_blob_files(blobs: BlobStore, files_of: dict[int, bytes], grace_ns: int, now_ns: int,
+                    report: Report) -> tuple[int, list[tuple[str, bytes, int]]]:
+    """How many blob objects there are, and those that no row of ``files_of`` (id -> hash of
+    content kept in a file) names and that are older than the grace period."""
+    objects = blobs.walk()
+    return len(objects), [(name, sha, bid) for name, sha, bid in objects
+                          if files_of.get(bid) != sha
+                          and _old_object(blobs, name, grace_ns, now_ns, report) is not None]
+
+
 def sweep_blob_files(maint: Maintenance, blobs: BlobStore,
                      candidates: Iterable[tuple[str, bytes, int]],
                      grace_ns: int, now_ns: int, report: Report) -> None:
@@ -205,12 +215,7 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
             files_of = tx.blobs_in_files()
             unreferenced = tx.unreferenced_blobs()
             staged = tx.staged_ids()
-        orphan_files = []
-        for name, sha, bid in blobs.walk():
-            if files_of.get(bid) == sha:
-                continue
-            if _old_object(blobs, name, grace_ns, now, report) is not None:
-                orphan_files.append((name, sha, bid))
+        _, orphan_files = mark_blob_files(blobs, files_of, grace_ns, now, report)
         orphan_staging = []
         for sid in staging.ids():
             if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
@@ -230,6 +235,25 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
     finally:
         maint.close()
     return report
+
+
+def crash_leftovers(place: Place) -> tuple[int, Report]:
+    """Recovery's last step, once a mount of an embedded store serves (service/recovery.py):
+    the blob files a crash left without their row, whatever their age; how many blob files
+    there are, and what was removed. No grace period: the store's write lock covers its blob
+    directory, and while the sweep holds it no daemon is between placing a file and
+    committing the row that names it."""
+    assert place.embedded, "a shared blob store is guarded by the grace period alone"
+    report = Report()
+    maint = place.maintenance()
+    try:
+        with maint.read() as tx:
+            files_of = tx.blobs_in_files()
+        objects, orphans = mark_blob_files(place.blobs, files_of, 0, time.time_ns(), report)
+        sweep_blob_files(maint, place.blobs, orphans, 0, time.time_ns(), report)
+    finally:
+        maint.close()
+    return objects, report
 
 
 async def periodic(where: str | Place, interval_s: float = INTERVAL_S,

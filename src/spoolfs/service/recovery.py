@@ -5,10 +5,10 @@
 - staging files without a message (and held by no upload) are removed, and unreferenced blob
   rows, under the store's write lock so no other daemon is mid-transaction;
 - blob files without a blob row (``orphan_blob_files``) once the mount serves: a deep queue
-  of large messages has a million files, whose walk would hold up the mount for a minute. The
-  walk and the row lookups take no lock (a worker thread, the store's scan connection); only
-  the files found orphaned are looked at again under it. An orphan file harms nothing
-  meanwhile: placing a blob over one replaces it.
+  of large messages has a million files, whose walk would hold up the mount for a minute.
+  gc's mark and sweep do it, without a grace period: the walk and the row lookups take no
+  lock; only the files found orphaned are looked at again under it. An orphan file harms
+  nothing meanwhile: placing a blob over one replaces it.
 
 A store shared by several hosts takes no such lock: there, blob files and rows are left to
 gc, and only uploads staged on this host are judged.
@@ -24,13 +24,12 @@ import trio
 
 from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context
+from spoolfs.service import gc
 from spoolfs.service.moves import apply
 from spoolfs.service.spool import Spool
-from spoolfs.store.base import Blob, Entry, WriteTx
+from spoolfs.store.base import Entry, WriteTx
 
 log = logging.getLogger(__name__)
-
-LOOKUPS = 1000  # blob files looked up per read of the store
 
 
 def recover(spool: Spool) -> dict[str, int]:
@@ -96,45 +95,14 @@ def recover(spool: Spool) -> dict[str, int]:
 
 async def orphan_blob_files(spool: Spool) -> int:
     """Remove the blob files a crash left without a row (an embedded store's; a shared one
-    leaves them to gc); how many. Run once the mount serves: the walk and the lookups are in
-    a worker thread, and only the files found orphaned are looked at again, holding the write
-    lock: no other daemon is then between placing a blob file and committing its row."""
+    leaves them to gc); how many. Run once the mount serves: gc's mark (no lock) and sweep
+    (each file found looked at again under the write lock), in a worker thread, with no grace
+    period (``gc.crash_leftovers``)."""
     if not spool.place.embedded:
         return 0
     start = time.monotonic()
-    files, suspects = await trio.to_thread.run_sync(_suspects, spool)
-
-    def fn(tx: WriteTx) -> int:
-        removed = 0
-        for path, sha, bid in suspects:
-            if not _named(tx.blob(bid), sha):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:  # removed meanwhile (another daemon's recovery)
-                    continue
-                removed += 1
-        return removed
-
-    removed: int = await spool.tx(fn) if suspects else 0
+    files, report = await trio.to_thread.run_sync(gc.crash_leftovers, spool.place)
     # the line says when it is done: from then on, fsck beside the daemon finds no leftover
     log.info("recovery: %d blob file(s) looked at in %.1f s, %d left by a crash removed",
-             files, time.monotonic() - start, removed)
-    return removed
-
-
-def _suspects(spool: Spool) -> tuple[int, list[tuple[str, bytes, int]]]:
-    """How many blob files there are, and those no row names, found without the write lock:
-    a page of lookups at a time on the scan connection (a status snapshot waits for one page,
-    not for the whole walk)."""
-    files = spool.content.blobs.walk()
-    out = []
-    for i in range(0, len(files), LOOKUPS):
-        with spool.store.scan() as r:
-            out += [f for f in files[i:i + LOOKUPS] if not _named(r.blob(f[2]), f[1])]
-    return len(files), out
-
-
-def _named(b: Blob | None, sha: bytes) -> bool:
-    """Whether a blob file of this content is the one blob row ``b`` (looked up by the file's
-    id) names: a row of the same content, kept in a file."""
-    return b is not None and b.sha256 == sha and b.data is None
+             files, time.monotonic() - start, report.blob_files)
+    return report.blob_files
