@@ -119,7 +119,7 @@ async def test_rm_r_takes_a_batch_apart_and_frees_content(env: tuple[Spool, Q]) 
     await spool.unlink(root, b"a", WHO)
     await spool.rmdir(w.id, b"b1", WHO)
     assert spool.listdir(w.id) == []
-    assert spool.content.blobs.walk() == []
+    assert list(spool.content.blobs.walk()) == []
     assert spool.r.history(root)[-1][1] == "discard"
 
 

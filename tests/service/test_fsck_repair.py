@@ -111,7 +111,7 @@ async def test_wrong_refcounts_are_recomputed(env: Env) -> None:
     # and the service counts on from the right number
     await spool.unlink(q[State.READY], b"a", WHO)
     await spool.unlink(q[State.READY], b"b", WHO)
-    assert spool.content.blobs.walk() == []
+    assert list(spool.content.blobs.walk()) == []
 
 
 # --------------------------------------------------------------------------- orphans

@@ -7,7 +7,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
+import tracemalloc
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,62 @@ async def test_periodic_collects_in_the_background(env: Env) -> None:
                 await trio.sleep(0.01)
             n.cancel_scope.cancel()
     assert not os.path.exists(loose)
+
+
+def file_messages(store: Path, spool: Spool, ready: int, first: int, n: int) -> None:
+    """``n`` messages in ``ready``, each with its own content in a blob file. Inserted
+    directly: uploading each would take a minute; the rows are what a publish commits."""
+    conn = sqlite3.connect(store / "meta.db", isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        queue = conn.execute("SELECT queue FROM entries WHERE id=?", (ready,)).fetchone()[0]
+        for i in range(first, first + n):
+            data = b"message %d" % i
+            sha = hashlib.sha256(data).digest()
+            bid = conn.execute("INSERT INTO blobs (sha256, size, refcount, data) "
+                               "VALUES (?, ?, 1, NULL)", (sha, len(data))).lastrowid
+            assert bid is not None
+            conn.execute("INSERT INTO entries (parent, name, kind, queue, state, blob, size, "
+                         "mode, mtime_ns, ctime_ns, created_ns, enqueued_ns) "
+                         "VALUES (?, ?, 'message', ?, 'ready', ?, ?, 33188, 0, 0, 0, ?)",
+                         (ready, b"m%d" % i, queue, bid, len(data), i))
+            path = spool.content.blobs.path(sha, bid)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            Path(path).write_bytes(data)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def peak_bytes(fn: Callable[[], object]) -> int:
+    """The most memory Python held at once while ``fn`` ran, above what it held before."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+async def test_the_walk_of_the_blob_files_holds_a_page_at_a_time(env: Env) -> None:
+    """A deep queue of large messages has a blob file for each: at a million, a mark that
+    held every file's name and every row's hash at once would take the daemon (recovery at
+    mount, its periodic collection) past what the rest of it needs many times over. The walk
+    and its lookups go a page at a time, so what they hold does not grow with the files."""
+    spool, d, store = env
+    place = spool.place
+    first = 3 * gc.PAGE  # more than a page: the figure includes what a page costs
+    file_messages(store, spool, d[State.READY], 0, first)
+    loose = orphan_file(spool, 900_000)
+    small = (peak_bytes(lambda: gc.crash_leftovers(place)),
+             peak_bytes(lambda: gc.collect(place, now_ns=time.time_ns() + LATER)))
+    assert not os.path.exists(loose)  # the walk still finds what a crash left
+    more = 6000
+    file_messages(store, spool, d[State.READY], first, more)
+    loose = orphan_file(spool, 900_001)
+    objects: list[int] = []
+    large = (peak_bytes(lambda: objects.append(gc.crash_leftovers(place)[0])),
+             peak_bytes(lambda: gc.collect(place, now_ns=time.time_ns() + LATER)))
+    assert objects == [first + more + 1] and not os.path.exists(loose)
+    for before, after in zip(small, large):
+        assert after - before < 10 * more, (before, after)  # bytes held per added file

@@ -532,7 +532,7 @@ async def test_retention_purges_and_frees_content(env: Env) -> None:
     await claim(spool, q, w, b"e")
     await spool.rename(w, b"s", q[State.SUCCESS], b"s", 0, WHO)
     await spool.rename(w, b"e", q[State.ERROR], b"e", 0, WHO)
-    assert len(spool.content.blobs.walk()) == 2
+    assert len(list(spool.content.blobs.walk())) == 2
 
     clock.advance(3600 * NS)
     assert await lc.purge() == 0  # exactly the retention: not older yet
@@ -541,14 +541,14 @@ async def test_retention_purges_and_frees_content(env: Env) -> None:
     with pytest.raises(NotFound):
         spool.get(s)
     assert names(spool, q[State.SUCCESS]) == set() and spool.r.history(s) == []
-    assert len(spool.content.blobs.walk()) == 1  # the purged message's blob file is gone
+    assert len(list(spool.content.blobs.walk())) == 1  # the purged message's blob file is gone
     assert spool.get(e).state is State.ERROR
 
     clock.advance(86400 * NS)
     await lc.step()  # the timer purges too
     with pytest.raises(NotFound):
         spool.get(e)
-    assert spool.content.blobs.walk() == [] and lc.purged == 2
+    assert list(spool.content.blobs.walk()) == [] and lc.purged == 2
 
 
 async def test_retention_keeps_shared_content_and_pending_retries(env: Env) -> None:
@@ -571,7 +571,7 @@ async def test_retention_keeps_shared_content_and_pending_retries(env: Env) -> N
     with pytest.raises(NotFound):
         spool.get(a)
     assert spool.get(r).state is State.ERROR
-    assert len(spool.content.blobs.walk()) == 1  # b still holds the shared content
+    assert len(list(spool.content.blobs.walk())) == 1  # b still holds the shared content
     h = spool.content.open(spool.r, spool.get(b), False)
     try:
         assert h.read(0, 1 << 30) == data

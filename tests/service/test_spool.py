@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -142,7 +143,7 @@ async def test_finished_entries_are_replaced_and_content_freed(env: tuple[Spool,
         await spool.rename(q[State.READY], b"a", w.id, b"a", 0, WHO)
         await spool.rename(w.id, b"a", q[State.SUCCESS], b"a", 0, WHO)
     assert content(spool, spool.lookup(q[State.SUCCESS], b"a").id) == b"small"
-    assert spool.content.blobs.walk() == []  # the big blob's file went with its last reference
+    assert list(spool.content.blobs.walk()) == []  # the big blob's file went with its last reference
     with pytest.raises(Exists):
         await upload(spool, q[State.READY], b"z", b"1")
         await spool.rename(q[State.READY], b"z", w.id, b"z", 0, WHO)
@@ -217,34 +218,37 @@ async def test_recovery_looks_for_orphan_blob_files_once_the_mount_serves(
     other = open_store(str(tmp_path))  # another daemon on the store
     walk = spool.content.blobs.walk
 
-    def no_walk() -> list[tuple[str, bytes, int]]:
+    def no_walk() -> Iterator[tuple[str, bytes, int]]:
         raise AssertionError("the mount waited for the walk of the blob files")
     spool.content.blobs.walk = no_walk  # type: ignore[method-assign]
     recover(spool)
 
     committed: list[bool] = []
 
-    def walking() -> list[tuple[str, bytes, int]]:
-        try:
-            ok, _ = other.run_batch([lambda tx: tx.set_meta("probe", "1")], True,
-                                    wait=False)[0]
-        except StoreBusy:
-            ok = False
-        committed.append(ok)
-        return walk()
+    def walking() -> Iterator[tuple[str, bytes, int]]:
+        for i, obj in enumerate(walk()):
+            if i == 1:  # in the middle of the walk
+                try:
+                    ok, _ = other.run_batch([lambda tx: tx.set_meta("probe", "1")], True,
+                                            wait=False)[0]
+                except StoreBusy:
+                    ok = False
+                committed.append(ok)
+            yield obj
     spool.content.blobs.walk = walking  # type: ignore[method-assign]
-    files_of = SqliteGcTx.blobs_in_files
+    files_of = SqliteGcTx.files_named
 
-    def late_row(tx: SqliteGcTx) -> dict[int, bytes]:  # committed right after the lookups
-        return {bid: sha for bid, sha in files_of(tx).items() if bid != late_blob.id}
-    SqliteGcTx.blobs_in_files = late_row  # type: ignore[method-assign]
+    def late_row(tx: SqliteGcTx, ids: Sequence[int]) -> dict[int, bytes]:
+        # the row commits right after the lookups
+        return {bid: sha for bid, sha in files_of(tx, ids).items() if bid != late_blob.id}
+    SqliteGcTx.files_named = late_row  # type: ignore[method-assign]
     try:
         async with trio.open_nursery() as n:
             await n.start(spool.committer.run)
             assert await orphan_blob_files(spool) == 1
             spool.committer.close()
     finally:
-        SqliteGcTx.blobs_in_files = files_of  # type: ignore[method-assign]
+        SqliteGcTx.files_named = files_of  # type: ignore[method-assign]
     assert committed == [True], "another daemon's commit waited for the walk"
     assert not os.path.exists(orphan)
     assert os.path.exists(spool.content.blobs.path(late_blob.sha256, late_blob.id)), \

@@ -44,13 +44,35 @@ def test_upload_then_read_back(blobs: BlobStore, tmp_path: Path) -> None:
     src, sha = staged(tmp_path, data)
     blobs.upload(src, sha, 7)
     assert read(blobs, sha, 7, len(data)) == data
-    listed = blobs.walk()
+    listed = list(blobs.walk())
     assert [(s, i) for _, s, i in listed] == [(sha, 7)]
     name = listed[0][0]
     assert name == blobs.name(sha, 7)
     info = blobs.info(name)
     assert info is not None and info.size == len(data)
     assert blobs.digest(name) == (sha, len(data))
+
+
+def test_walk_lists_as_it_goes_and_info_answers_past_what_it_keeps(
+        blobs: BlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc walks a million objects a page at a time: the walk holds none of them, and the
+    store's memory of listed sizes is bounded (S3), with ``info`` asking for the rest."""
+    monkeypatch.setattr("spoolfs.blobs.s3.INFO_KEPT", 2)
+    sizes = {}
+    for i in range(5):
+        data = b"object %d" % i * (i + 1)
+        src, sha = staged(tmp_path, data, f"up{i}")
+        blobs.upload(src, sha, 10 + i)
+        sizes[blobs.name(sha, 10 + i)] = len(data)
+    walk = blobs.walk()
+    assert not isinstance(walk, (list, tuple))  # an iterator, listed as it goes
+    names = [name for name, _, _ in walk]
+    assert sorted(names) == sorted(sizes)
+    for name in names:
+        info = blobs.info(name)
+        assert info is not None and info.size == sizes[name]
+    if isinstance(blobs, S3Blobs):
+        assert len(blobs._info) <= 2
 
 
 def test_write_once_an_existing_object_is_taken_as_stored(blobs: BlobStore,
@@ -78,7 +100,7 @@ def test_remove_and_unlink(blobs: BlobStore, tmp_path: Path) -> None:
     while not gone():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert blobs.walk() == []
+    assert list(blobs.walk()) == []
 
 
 def test_large_content_in_parts(blobs: BlobStore, tmp_path: Path) -> None:

@@ -170,12 +170,17 @@ def test_maintenance_runs_the_checks(pg_url: str) -> None:
             assert tx.integrity_ok() and tx.dangling() == []
             assert tx.schema_version() == str(pg_schema.VERSION)
             assert [r for r in tx.refcounts()] == [(1, 1)] or len(tx.refcounts()) == 1
-            assert tx.unreferenced_blobs() == []
+            assert tx.unreferenced_blobs(0, 100) == []
+            (file_blob, _), = tx.refcounts()
+            assert tx.files_named([file_blob, file_blob + 99]) == {file_blob: b"\x01" * 32}
+            assert tx.files_named([]) == {}
         with m.write() as tx:
             bid = tx.insert_empty_blob(b"\x02" * 32)
             assert bid > 0 and tx.blob_exists(bid)
         with m.read() as tx:
-            assert bid in tx.unreferenced_blobs()
+            assert tx.unreferenced_blobs(0, 100) == [bid]
+            assert tx.unreferenced_blobs(bid, 100) == []
+            assert tx.files_named([bid]) == {}  # empty content is kept in the row
     finally:
         m.close()
 

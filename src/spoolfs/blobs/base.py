@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol
 
 from spoolfs.blobs.files import ObjectInfo
@@ -31,8 +32,9 @@ class BlobStore(Protocol):
     def name(self, sha256: bytes, blob_id: int) -> str:
         """The stored object's name, as ``walk`` lists it."""
 
-    def walk(self) -> list[tuple[str, bytes, int]]:
-        """Every stored object: (name, sha256, blob id); id -1 for names of no blob."""
+    def walk(self) -> Iterator[tuple[str, bytes, int]]:
+        """Every stored object: (name, sha256, blob id); id -1 for names of no blob. Listed
+        as it goes: a store of a million objects is never held in memory at once."""
 
     def info(self, name: str) -> ObjectInfo | None: ...
 

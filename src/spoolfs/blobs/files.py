@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from spoolfs.core.errors import StoreFailure
@@ -159,18 +160,32 @@ class BlobDir:
     def close(self) -> None:
         pass
 
-    def walk(self) -> list[tuple[str, bytes, int]]:
-        """Every blob file: (path, sha256, id). Files with other names are reported with id -1."""
-        out = []
-        for dirpath, _dirs, files in os.walk(self.root):
-            for f in files:
-                p = os.path.join(dirpath, f)
-                hexd, _, bid = f.partition(".")
+    def walk(self) -> Iterator[tuple[str, bytes, int]]:
+        """Every blob file: (path, sha256, id), a directory at a time. Files with other names
+        are reported with id -1."""
+        yield from _walk_files(self.root)
+
+
+def _walk_files(top: str) -> Iterator[tuple[str, bytes, int]]:
+    """``BlobDir.walk`` below ``top``: the directory's files, then its subdirectories'. Kinds
+    come from the directory entries (no ``stat`` per directory, as ``os.walk`` makes); a
+    symbolic link is reported as a file."""
+    subdirs = []
+    try:
+        with os.scandir(top) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    subdirs.append(e.path)
+                    continue
+                hexd, _, bid = e.name.partition(".")
                 try:
-                    out.append((p, bytes.fromhex(hexd), int(bid)))
+                    yield e.path, bytes.fromhex(hexd), int(bid)
                 except ValueError:
-                    out.append((p, b"", -1))
-        return out
+                    yield e.path, b"", -1
+    except FileNotFoundError:  # removed meanwhile (or no blob yet)
+        return
+    for d in subdirs:
+        yield from _walk_files(d)
 
 
 class StagingDir:

@@ -30,6 +30,8 @@ import logging
 import os
 import queue
 import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 MULTIPART = 16 << 20  # bytes: larger uploads go in parts
 PART = 16 << 20
 CACHE_MAX = 1 << 30  # bytes of cached content kept by default
+#: Objects whose listed size and time ``info`` answers from memory: a few listing pages.
+INFO_KEPT = 4096
 
 
 def _failure(e: BaseException, what: str) -> StoreFailure:
@@ -89,7 +93,7 @@ class S3Blobs:
         self._cache_lock = threading.Lock()
         self._deletions: queue.Queue[tuple[bytes, int] | None] = queue.Queue()
         self._deleter: threading.Thread | None = None
-        self._info: dict[str, ObjectInfo] = {}  # what the last walk() listed
+        self._info: OrderedDict[str, ObjectInfo] = OrderedDict()  # the last listed (walk)
 
     # ---- names ---------------------------------------------------------------------------
 
@@ -270,10 +274,11 @@ class S3Blobs:
 
     # ---- listing (gc, fsck) --------------------------------------------------------------
 
-    def walk(self) -> list[tuple[str, bytes, int]]:
-        """Every object under the prefix: (key, sha256, blob id); other names get id -1."""
-        out = []
-        self._info = {}
+    def walk(self) -> Iterator[tuple[str, bytes, int]]:
+        """Every object under the prefix: (key, sha256, blob id), a listing page at a time;
+        other names get id -1. The listing's size and time of the last ``INFO_KEPT`` objects
+        are kept for ``info``: gc asks about the objects it has just been given."""
+        self._info.clear()
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=f"{self.prefix}sha256/")
@@ -282,11 +287,12 @@ class S3Blobs:
                     key = obj["Key"]
                     self._info[key] = ObjectInfo(int(obj["LastModified"].timestamp() * 1e9),
                                                  int(obj["Size"]), 1)
+                    if len(self._info) > INFO_KEPT:
+                        self._info.popitem(last=False)
                     parsed = self._parse_key(key)
-                    out.append((key, *(parsed or (b"", -1))))
+                    yield (key, *(parsed or (b"", -1)))
         except Exception as e:
             raise _failure(e, f"listing of {self.url}") from e
-        return out
 
     def info(self, name: str) -> ObjectInfo | None:
         cached = self._info.get(name)

@@ -29,11 +29,13 @@ files in a batch included. The store's queries come from its ``Maintenance`` int
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from spoolfs.blobs import StagingDir
 from spoolfs.blobs.base import BlobStore
@@ -53,6 +55,10 @@ GRACE_NS = 600 * NS
 CHANGES_KEPT_S = 3600.0
 #: How often a daemon's background collection runs.
 INTERVAL_S = 600.0
+#: Blob files (and rows) marked and swept at a time: what a collection holds in memory.
+PAGE = 500
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -150,14 +156,40 @@ def _old_object(blobs: BlobStore, name: str, grace_ns: int, now_ns: int, report:
     return info
 
 
-def mark_blob_files(blobs: BlobStore, files_of: dict[int, bytes], grace_ns: int, now_ns: int,
-                    report: Report) -> tuple[int, list[tuple[str, bytes, int]]]:
-    """How many blob objects there are, and those that no row of ``files_of`` (id -> hash of
-    content kept in a file) names and that are older than the grace period."""
-    objects = blobs.walk()
-    return len(objects), [(name, sha, bid) for name, sha, bid in objects
-                          if files_of.get(bid) != sha
-                          and _old_object(blobs, name, grace_ns, now_ns, report) is not None]
+def _pages(items: Iterable[T], size: int = PAGE) -> Iterator[list[T]]:
+    it = iter(items)
+    while page := list(itertools.islice(it, size)):
+        yield page
+
+
+def collect_blob_files(maint: Maintenance, blobs: BlobStore, grace_ns: int, now_ns: int,
+                       report: Report) -> int:
+    """Mark and sweep the blob objects that no row names, a page of the walk at a time: the
+    page's rows read (no lock), then the orphans older than the grace period swept. Holds a
+    page, not the store's million names. Returns how many objects there are."""
+    objects = 0
+    for page in _pages(blobs.walk()):
+        objects += len(page)
+        with maint.read() as tx:
+            named = tx.files_named([bid for _, _, bid in page if bid >= 0])
+        orphans = [(name, sha, bid) for name, sha, bid in page
+                   if named.get(bid) != sha
+                   and _old_object(blobs, name, grace_ns, now_ns, report) is not None]
+        if orphans:
+            sweep_blob_files(maint, blobs, orphans, grace_ns, now_ns, report)
+    return objects
+
+
+def collect_blob_rows(maint: Maintenance, blobs: BlobStore, report: Report) -> None:
+    """Delete the blob rows that no message references, a page at a time."""
+    after = 0
+    while True:
+        with maint.read() as tx:
+            page = tx.unreferenced_blobs(after, PAGE)
+        sweep_blob_rows(maint, blobs, page, report)
+        if len(page) < PAGE:
+            return
+        after = page[-1]
 
 
 def sweep_blob_files(maint: Maintenance, blobs: BlobStore,
@@ -210,12 +242,12 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
     report = Report()
     maint = place.maintenance()
     try:
-        # mark: what the committed store says, then what the directories hold
+        # blob rows and files: marked and swept a page at a time
+        collect_blob_rows(maint, blobs, report)
+        collect_blob_files(maint, blobs, grace_ns, now, report)
+        # staging files (as many as uploads under way): marked, then swept
         with maint.read() as tx:
-            files_of = tx.blobs_in_files()
-            unreferenced = tx.unreferenced_blobs()
             staged = tx.staged_ids()
-        _, orphan_files = mark_blob_files(blobs, files_of, grace_ns, now, report)
         orphan_staging = []
         for sid in staging.ids():
             if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
@@ -224,9 +256,6 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
                 report.young += os.path.lexists(staging.path(sid))
                 continue
             orphan_staging.append(sid)
-        # sweep: each candidate checked again under the write lock
-        sweep_blob_rows(maint, blobs, unreferenced, report)
-        sweep_blob_files(maint, blobs, orphan_files, grace_ns, now, report)
         sweep_staging(maint, staging, orphan_staging, grace_ns, now, report)
         pruned = maint.prune_changes(CHANGES_KEPT_S)
         if pruned:
@@ -247,10 +276,7 @@ def crash_leftovers(place: Place) -> tuple[int, Report]:
     report = Report()
     maint = place.maintenance()
     try:
-        with maint.read() as tx:
-            files_of = tx.blobs_in_files()
-        objects, orphans = mark_blob_files(place.blobs, files_of, 0, time.time_ns(), report)
-        sweep_blob_files(maint, place.blobs, orphans, 0, time.time_ns(), report)
+        objects = collect_blob_files(maint, place.blobs, 0, time.time_ns(), report)
     finally:
         maint.close()
     return objects, report

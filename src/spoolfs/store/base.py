@@ -311,12 +311,14 @@ class GcTx(abc.ABC):
     """The queries garbage collection needs, inside one ``Maintenance`` transaction."""
 
     @abc.abstractmethod
-    def blobs_in_files(self) -> dict[int, bytes]:
-        """Blob id -> sha256 of every blob row whose content is a blob file."""
+    def files_named(self, blob_ids: Sequence[int]) -> dict[int, bytes]:
+        """Of ``blob_ids`` (a page: at most a few thousand), those of blob rows whose content
+        is a blob file: id -> sha256."""
 
     @abc.abstractmethod
-    def unreferenced_blobs(self) -> list[int]:
-        """Ids of blob rows that no entry references."""
+    def unreferenced_blobs(self, after: int, limit: int) -> list[int]:
+        """Ids above ``after`` of blob rows that no entry references, in order; at most
+        ``limit`` (a page: go on from the last)."""
 
     @abc.abstractmethod
     def staged_ids(self) -> set[int]:

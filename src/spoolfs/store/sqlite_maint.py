@@ -7,7 +7,7 @@ the store name no engine."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,14 +23,17 @@ class SqliteGcTx(GcTx):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
 
-    def blobs_in_files(self) -> dict[int, bytes]:
-        return {int(i): bytes(s) for i, s in
-                self.conn.execute("SELECT id, sha256 FROM blobs WHERE data IS NULL")}
+    def files_named(self, blob_ids: Sequence[int]) -> dict[int, bytes]:
+        if not blob_ids:
+            return {}
+        return {int(i): bytes(s) for i, s in self.conn.execute(
+            "SELECT id, sha256 FROM blobs WHERE data IS NULL AND id IN "
+            f"({','.join('?' * len(blob_ids))})", tuple(blob_ids))}
 
-    def unreferenced_blobs(self) -> list[int]:
+    def unreferenced_blobs(self, after: int, limit: int) -> list[int]:
         return [int(i) for (i,) in self.conn.execute(
-            "SELECT id FROM blobs b WHERE NOT EXISTS "
-            "(SELECT 1 FROM entries e WHERE e.blob = b.id)")]
+            "SELECT id FROM blobs b WHERE id > ? AND NOT EXISTS "
+            "(SELECT 1 FROM entries e WHERE e.blob = b.id) ORDER BY id LIMIT ?", (after, limit))]
 
     def staged_ids(self) -> set[int]:
         return {int(i) for (i,) in self.conn.execute("SELECT id FROM entries WHERE staged=1")}
