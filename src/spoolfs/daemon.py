@@ -9,6 +9,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 
 import pyfuse3
@@ -58,6 +59,8 @@ NFS_EXPORT = "nfs_export"
 SHARED_MMAP = "shared_mmap"
 #: ``-o`` options that are the daemon's own, not passed on to FUSE
 OWN_OPTIONS = frozenset({STRICT_ROLES, NFS_EXPORT, SHARED_MMAP})
+#: How long an unmount waits for recovery's walk of the blob files before stopping it.
+SWEEP_WAIT_S = 10.0
 
 
 def fuse_options(store_dir: str, options: list[str]) -> set[str]:
@@ -176,8 +179,8 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
                                 spool.changed_elsewhere, trio.CapacityLimiter(1))
             tasks.append(follower.run)
         nursery.start_soon(_run_in, timers, *tasks)
-        swept = trio.Event()
-        nursery.start_soon(_sweep_blob_files, spool, swept)
+        swept, stop_sweep = trio.Event(), threading.Event()
+        nursery.start_soon(_sweep_blob_files, spool, swept, stop_sweep)
         if listeners:  # serving before the mount is reported ready
             await nursery.start(_metrics, metrics, listeners, spool, only_queue)
         on_ready()
@@ -189,7 +192,7 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
             timers.cancel()
             metrics.cancel()
             with trio.CancelScope(shield=True):  # the store is left as recovery promised
-                await swept.wait()
+                await end_sweep(swept, stop_sweep)
             spool.committer.close()  # the committer answers what it accepted, then returns
     log.info("fuse session ended: %d commits for %d requests; lifecycle: %d lease(s) expired, "
              "%d retried, %d purged; %d staging file(s) made ahead, %d used",
@@ -206,15 +209,27 @@ async def _metrics(scope: trio.CancelScope, listeners: list[socket.socket], spoo
                                  task_status=task_status)
 
 
-async def _sweep_blob_files(spool: Spool, done: trio.Event) -> None:
-    """Recovery's last part, while the mount serves (service/recovery.py): an unmount waits
-    for it, so that a store unmounted cleanly has no file a crash left behind."""
+async def _sweep_blob_files(spool: Spool, done: trio.Event, stop: threading.Event) -> None:
+    """Recovery's last part, while the mount serves (service/recovery.py); see ``end_sweep``."""
     try:
-        await orphan_blob_files(spool)
+        await orphan_blob_files(spool, stop)
     except Exception:  # never take the mount down with it: gc finds the same files later
         log.exception("recovery: blob files left by a crash not looked for")
     finally:
         done.set()
+
+
+async def end_sweep(done: trio.Event, stop: threading.Event, wait_s: float = SWEEP_WAIT_S
+                    ) -> None:
+    """At unmount: wait for recovery's walk of the blob files, so that a store unmounted
+    cleanly has no file a crash left behind. A walk still going after ``wait_s`` (a million
+    contents in files, read from disk, take half a minute) is stopped at its next page
+    instead: an unmount stays prompt, and the next mount walks again."""
+    with trio.move_on_after(wait_s):
+        await done.wait()
+    if not done.is_set():
+        stop.set()
+        await done.wait()
 
 
 async def _run_in(scope: trio.CancelScope, *fns: Callable[[], Awaitable[None]]) -> None:

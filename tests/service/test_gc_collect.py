@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sqlite3
 import threading
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from helpers.waiting import patience
 from spoolfs.core.rules import State
 from spoolfs.service import gc
 from spoolfs.service.content import INLINE_MAX
+from spoolfs.service.recovery import orphan_blob_files
 from spoolfs.service.spool import Spool
 
 BIG = INLINE_MAX + 1000
@@ -203,3 +205,34 @@ async def test_the_walk_of_the_blob_files_holds_a_page_at_a_time(env: Env) -> No
     assert objects == [first + more + 1] and not os.path.exists(loose)
     for before, after in zip(small, large):
         assert after - before < 10 * more, (before, after)  # bytes held per added file
+
+
+async def test_a_stopped_walk_ends_at_its_next_page_and_the_next_walk_finishes(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """An unmount that will not wait for recovery's walk of a deep store stops it: the walk
+    ends at its next page, says so, and the next mount's walk finds what it did not reach."""
+    spool, d, store = env
+    file_messages(store, spool, d[State.READY], 0, 3 * gc.PAGE)
+    stop = threading.Event()
+    walk = spool.content.blobs.walk
+    seen = []
+
+    def stopped_midway() -> Iterator[tuple[str, bytes, int]]:
+        for obj in walk():
+            seen.append(obj)
+            if len(seen) == gc.PAGE + 1:
+                stop.set()  # the unmount, while the second page is read
+            yield obj
+    loose = [orphan_file(spool, 900_000 + i) for i in range(3)]
+    spool.content.blobs.walk = stopped_midway  # type: ignore[method-assign]
+    assert gc.crash_leftovers(spool.place, stop)[0] is None
+    assert len(seen) <= 2 * gc.PAGE + 1  # no page after the one it was reading
+    spool.content.blobs.walk = walk  # type: ignore[method-assign]
+    caplog.set_level(logging.INFO, "spoolfs")
+    assert await orphan_blob_files(spool, stop) == 0
+    assert "the walk of the blob files stopped by the unmount" in caplog.text
+    assert "the next mount walks them again" in caplog.text
+    left = [p for p in loose if os.path.exists(p)]
+    assert await orphan_blob_files(spool) == len(left)
+    assert not any(os.path.exists(p) for p in loose)
+    assert f"{3 * gc.PAGE + len(left)} blob file(s) looked at" in caplog.text

@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -163,12 +164,15 @@ def _pages(items: Iterable[T], size: int = PAGE) -> Iterator[list[T]]:
 
 
 def collect_blob_files(maint: Maintenance, blobs: BlobStore, grace_ns: int, now_ns: int,
-                       report: Report) -> int:
+                       report: Report, stop: threading.Event | None = None) -> int | None:
     """Mark and sweep the blob objects that no row names, a page of the walk at a time: the
     page's rows read (no lock), then the orphans older than the grace period swept. Holds a
-    page, not the store's million names. Returns how many objects there are."""
+    page, not the store's million names. Returns how many objects there are, or None when
+    ``stop`` was set before the walk's end (it stops at the next page)."""
     objects = 0
     for page in _pages(blobs.walk()):
+        if stop is not None and stop.is_set():
+            return None
         objects += len(page)
         with maint.read() as tx:
             named = tx.files_named([bid for _, _, bid in page if bid >= 0])
@@ -266,17 +270,18 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
     return report
 
 
-def crash_leftovers(place: Place) -> tuple[int, Report]:
+def crash_leftovers(place: Place, stop: threading.Event | None = None
+                    ) -> tuple[int | None, Report]:
     """Recovery's last step, once a mount of an embedded store serves (service/recovery.py):
     the blob files a crash left without their row, whatever their age; how many blob files
-    there are, and what was removed. No grace period: the store's write lock covers its blob
-    directory, and while the sweep holds it no daemon is between placing a file and
-    committing the row that names it."""
+    there are (None: stopped by ``stop``, at the next page), and what was removed. No grace
+    period: the store's write lock covers its blob directory, and while the sweep holds it
+    no daemon is between placing a file and committing the row that names it."""
     assert place.embedded, "a shared blob store is guarded by the grace period alone"
     report = Report()
     maint = place.maintenance()
     try:
-        objects = collect_blob_files(maint, place.blobs, 0, time.time_ns(), report)
+        objects = collect_blob_files(maint, place.blobs, 0, time.time_ns(), report, stop)
     finally:
         maint.close()
     return objects, report

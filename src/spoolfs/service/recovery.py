@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 import trio
@@ -93,15 +94,21 @@ def recover(spool: Spool) -> dict[str, int]:
     return counts
 
 
-async def orphan_blob_files(spool: Spool) -> int:
+async def orphan_blob_files(spool: Spool, stop: threading.Event | None = None) -> int:
     """Remove the blob files a crash left without a row (an embedded store's; a shared one
     leaves them to gc); how many. Run once the mount serves: gc's mark (no lock) and sweep
     (each file found looked at again under the write lock), in a worker thread, with no grace
-    period (``gc.crash_leftovers``)."""
+    period (``gc.crash_leftovers``). ``stop``: set by an unmount that will not wait for the
+    end; the walk stops at its next page."""
     if not spool.place.embedded:
         return 0
     start = time.monotonic()
-    files, report = await trio.to_thread.run_sync(gc.crash_leftovers, spool.place)
+    files, report = await trio.to_thread.run_sync(gc.crash_leftovers, spool.place, stop)
+    if files is None:
+        log.warning("recovery: the walk of the blob files stopped by the unmount after %.1f s "
+                    "(%d left by a crash removed); the next mount walks them again",
+                    time.monotonic() - start, report.blob_files)
+        return report.blob_files
     # the line says when it is done: from then on, fsck beside the daemon finds no leftover
     log.info("recovery: %d blob file(s) looked at in %.1f s, %d left by a crash removed",
              files, time.monotonic() - start, report.blob_files)
