@@ -170,8 +170,10 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
         timers = trio.CancelScope()
         signals = trio.CancelScope()
         nursery.start_soon(_signals, signals)
+        gc_stop = threading.Event()  # a collection under way ends at its next page
         tasks: list[Callable[[], Awaitable[None]]] = [
-            lifecycle.run, functools.partial(gc.periodic, spool.place), spool.guard.keep_reserve]
+            lifecycle.run, functools.partial(gc.periodic, spool.place, stop=gc_stop),
+            spool.guard.keep_reserve]
         if not spool.store.blocking:  # (a database server's commits run off the loop)
             tasks.append(spool.staging_pool.run)
         if isinstance(spool.store, ChangeFeed):  # other hosts' changes, seen here
@@ -189,6 +191,7 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
         finally:
             notify("STOPPING=1", "STATUS=unmounting")  # systemd Type=notify
             signals.cancel()
+            gc_stop.set()
             timers.cancel()
             metrics.cancel()
             with trio.CancelScope(shield=True):  # the store is left as recovery promised

@@ -236,3 +236,34 @@ async def test_a_stopped_walk_ends_at_its_next_page_and_the_next_walk_finishes(
     assert await orphan_blob_files(spool) == len(left)
     assert not any(os.path.exists(p) for p in loose)
     assert f"{3 * gc.PAGE + len(left)} blob file(s) looked at" in caplog.text
+
+
+async def test_an_unmount_ends_a_collection_at_its_next_page(env: Env) -> None:
+    """A daemon's collection runs in a worker thread, which cannot be cancelled: with a million
+    blob files it would hold an unmount for the whole walk. The unmount sets ``stop``; the
+    collection ends at its next page and says it stopped, and the next one goes on."""
+    spool, d, store = env
+    file_messages(store, spool, d[State.READY], 0, 2 * gc.PAGE)
+    loose = orphan_file(spool, 900_000)
+    stop = threading.Event()
+    walk = spool.content.blobs.walk
+
+    def stopping() -> Iterator[tuple[str, bytes, int]]:
+        for i, obj in enumerate(walk()):
+            if i == 0:
+                stop.set()  # the unmount, while the first page is read
+            yield obj
+    spool.content.blobs.walk = stopping  # type: ignore[method-assign]
+    r = gc.collect(spool.place, now_ns=time.time_ns() + LATER, stop=stop)
+    spool.content.blobs.walk = walk  # type: ignore[method-assign]
+    assert r.stopped
+    first_page_had_it = not os.path.exists(loose)
+    with trio.fail_after(patience(10)):
+        async with trio.open_nursery() as n:  # stopped: the round ends at once, quietly
+            n.start_soon(gc.periodic, spool.place, 0.01, 0, stop)
+            await trio.sleep(0.2)
+            n.cancel_scope.cancel()
+    assert os.path.exists(loose) != first_page_had_it
+    r = gc.collect(spool.place, now_ns=time.time_ns() + LATER)
+    assert not r.stopped and not os.path.exists(loose)
+    assert r.blob_files == (0 if first_page_had_it else 1)

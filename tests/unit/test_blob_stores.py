@@ -75,6 +75,66 @@ def test_walk_lists_as_it_goes_and_info_answers_past_what_it_keeps(
         assert len(blobs._info) <= 2
 
 
+def test_walk_reads_the_listing_a_page_at_a_time(blobs: BlobStore, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first object comes before the rest of the listing is read (S3: one page of
+    ``LIST_PAGE`` objects per request; a directory: one directory at a time)."""
+    monkeypatch.setattr("spoolfs.blobs.s3.LIST_PAGE", 2)
+    for i in range(5):
+        src, sha = staged(tmp_path, b"paged %d" % i, f"p{i}")
+        blobs.upload(src, sha, 20 + i)
+    requests: list[int] = []
+    if isinstance(blobs, S3Blobs):
+        listing = blobs.client.list_objects_v2
+
+        def counted(**kw: object) -> object:
+            requests.append(1)
+            return listing(**kw)
+        monkeypatch.setattr(blobs.client, "list_objects_v2", counted)
+    walk = blobs.walk()
+    first = next(iter(walk))
+    assert first[2] >= 20
+    if isinstance(blobs, S3Blobs):
+        assert len(requests) == 1
+    assert len([first, *walk]) == 5
+    if isinstance(blobs, S3Blobs):
+        assert len(requests) == 3
+
+
+def test_walk_reports_only_names_of_blobs_as_blobs(tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """What else a blob directory may hold: a stray name (id -1, which no row has), an id no
+    row can have (past 64 bits: id -1, not an overflow in the lookup), a symbolic link to a
+    directory (neither walked nor reported), a directory that cannot be read (skipped, with
+    a warning: the walk goes on)."""
+    b = BlobDir(str(tmp_path / "blobs"), remote=True)
+    src, sha = staged(tmp_path, b"kept")
+    b.upload(src, sha, 1)
+    kept = b.name(sha, 1)
+    (tmp_path / "blobs" / "stray.txt").write_bytes(b"x")
+    huge = tmp_path / "blobs" / f"{'ab' * 32}.{1 << 64}"
+    huge.write_bytes(b"x")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / f"{'cd' * 32}.5").write_bytes(b"x")
+    (tmp_path / "blobs" / "linked").symlink_to(elsewhere)
+    unreadable = tmp_path / "blobs" / "ee"
+    unreadable.mkdir()
+    (unreadable / f"{'ee' * 32}.6").write_bytes(b"x")
+    scandir = os.scandir
+
+    def refusing(path: str) -> object:
+        if path == str(unreadable):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return scandir(path)
+    monkeypatch.setattr("spoolfs.blobs.files.os.scandir", refusing)
+    walked = sorted(b.walk())
+    assert walked == sorted([(kept, sha, 1), (str(tmp_path / "blobs" / "stray.txt"), b"", -1),
+                             (str(huge), b"", -1)])
+    assert f"blob walk: {unreadable} skipped" in caplog.text
+
+
 def test_write_once_an_existing_object_is_taken_as_stored(blobs: BlobStore,
                                                           tmp_path: Path) -> None:
     data = b"same bytes" * 100

@@ -11,12 +11,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 from collections.abc import Iterator
 from typing import NamedTuple
 
 from spoolfs.core.errors import StoreFailure
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 #: the store is its owner's alone (store/private.py); files are made 0600
@@ -166,24 +169,40 @@ class BlobDir:
         yield from _walk_files(self.root)
 
 
+def parse_blob_name(name: str) -> tuple[bytes, int]:
+    """(sha256, blob id) of an object named ``<sha256 hex>.<id>``; (b"", -1) for any other
+    name (an id no row can have included)."""
+    hexd, _, bid = name.partition(".")
+    try:
+        sha, i = bytes.fromhex(hexd), int(bid)
+    except ValueError:
+        return b"", -1
+    return (sha, i) if 0 <= i < 1 << 63 else (b"", -1)
+
+
 def _walk_files(top: str) -> Iterator[tuple[str, bytes, int]]:
-    """``BlobDir.walk`` below ``top``: the directory's files, then its subdirectories'. Kinds
-    come from the directory entries (no ``stat`` per directory, as ``os.walk`` makes); a
-    symbolic link is reported as a file."""
-    subdirs = []
+    """``BlobDir.walk`` below ``top``: the directory's files, then its subdirectories'. Each
+    directory is read whole (a few entries: the layout spreads files over 65,536) and closed
+    before its files are handed out, and gc removes some of them. Kinds come from the
+    directory entries (no ``stat`` per directory, as ``os.walk`` makes). A symbolic link to a
+    directory is neither walked nor reported, as ``os.walk`` does; a directory that cannot be
+    read is skipped with a warning."""
     try:
         with os.scandir(top) as it:
-            for e in it:
-                if e.is_dir(follow_symlinks=False):
-                    subdirs.append(e.path)
-                    continue
-                hexd, _, bid = e.name.partition(".")
-                try:
-                    yield e.path, bytes.fromhex(hexd), int(bid)
-                except ValueError:
-                    yield e.path, b"", -1
+            entries = list(it)
     except FileNotFoundError:  # removed meanwhile (or no blob yet)
         return
+    except OSError as err:
+        log.warning("blob walk: %s skipped: %s", top, err)
+        return
+    subdirs = []
+    for ent in entries:
+        if ent.is_dir():
+            if not ent.is_symlink():
+                subdirs.append(ent.path)
+            continue
+        yield (ent.path, *parse_blob_name(ent.name))
+    del entries
     for d in subdirs:
         yield from _walk_files(d)
 

@@ -39,7 +39,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from spoolfs.blobs.files import CHUNK, PRIVATE_DIR, ObjectInfo
+from spoolfs.blobs.files import CHUNK, PRIVATE_DIR, ObjectInfo, parse_blob_name
 from spoolfs.core.errors import StoreFailure
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 MULTIPART = 16 << 20  # bytes: larger uploads go in parts
 PART = 16 << 20
 CACHE_MAX = 1 << 30  # bytes of cached content kept by default
+#: Objects listed per request (S3's own most).
+LIST_PAGE = 1000
 #: Objects whose listed size and time ``info`` answers from memory: a few listing pages.
 INFO_KEPT = 4096
 
@@ -104,14 +106,6 @@ class S3Blobs:
     def name(self, sha256: bytes, blob_id: int) -> str:
         """The stored object's name, as ``walk`` lists it: its key."""
         return self.key(sha256, blob_id)
-
-    def _parse_key(self, key: str) -> tuple[bytes, int] | None:
-        base = key.rsplit("/", 1)[-1]
-        hexd, _, bid = base.partition(".")
-        try:
-            return bytes.fromhex(hexd), int(bid)
-        except ValueError:
-            return None
 
     def path(self, sha256: bytes, blob_id: int) -> str:
         """The cached copy (present after ``fetch``)."""
@@ -278,19 +272,19 @@ class S3Blobs:
         """Every object under the prefix: (key, sha256, blob id), a listing page at a time;
         other names get id -1. The listing's size and time of the last ``INFO_KEPT`` objects
         are kept for ``info``: gc asks about the objects it has just been given."""
-        self._info.clear()
+        kept = self._info = OrderedDict()  # this walk's own: another walk starts its own
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=f"{self.prefix}sha256/")
+                Bucket=self.bucket, Prefix=f"{self.prefix}sha256/",
+                PaginationConfig={"PageSize": LIST_PAGE})
             for page in pages:
                 for obj in page.get("Contents", []):
                     key = obj["Key"]
-                    self._info[key] = ObjectInfo(int(obj["LastModified"].timestamp() * 1e9),
-                                                 int(obj["Size"]), 1)
-                    if len(self._info) > INFO_KEPT:
-                        self._info.popitem(last=False)
-                    parsed = self._parse_key(key)
-                    yield (key, *(parsed or (b"", -1)))
+                    kept[key] = ObjectInfo(int(obj["LastModified"].timestamp() * 1e9),
+                                           int(obj["Size"]), 1)
+                    if len(kept) > INFO_KEPT:
+                        kept.popitem(last=False)
+                    yield (key, *parse_blob_name(key.rsplit("/", 1)[-1]))
         except Exception as e:
             raise _failure(e, f"listing of {self.url}") from e
 

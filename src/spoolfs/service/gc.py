@@ -70,6 +70,7 @@ class Report:
     bytes: int = 0  # freed: sizes of deleted rows' content and of removed files
     young: int = 0  # orphan files left alone: younger than the grace period
     lines: list[str] = field(default_factory=list)  # one per removal
+    stopped: bool = False  # ended early (``stop``): what was found so far is removed
 
     @property
     def removed(self) -> int:
@@ -184,15 +185,19 @@ def collect_blob_files(maint: Maintenance, blobs: BlobStore, grace_ns: int, now_
     return objects
 
 
-def collect_blob_rows(maint: Maintenance, blobs: BlobStore, report: Report) -> None:
-    """Delete the blob rows that no message references, a page at a time."""
+def collect_blob_rows(maint: Maintenance, blobs: BlobStore, report: Report,
+                      stop: threading.Event | None = None) -> bool:
+    """Delete the blob rows that no message references, a page at a time. False when
+    ``stop`` was set before the end."""
     after = 0
     while True:
+        if stop is not None and stop.is_set():
+            return False
         with maint.read() as tx:
             page = tx.unreferenced_blobs(after, PAGE)
         sweep_blob_rows(maint, blobs, page, report)
         if len(page) < PAGE:
-            return
+            return True
         after = page[-1]
 
 
@@ -236,10 +241,11 @@ def sweep_staging(maint: Maintenance, staging: StagingDir, candidates: Iterable[
 # --------------------------------------------------------------------------- collection
 
 
-def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = None
-            ) -> Report:
-    """Mark, then sweep (one short write transaction per kind of garbage). Safe while daemons
-    have the store mounted. ``where``: a store directory or URL, or its ``Place``."""
+def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = None,
+            stop: threading.Event | None = None) -> Report:
+    """Mark, then sweep (short write transactions, a page of each kind of garbage at a time).
+    Safe while daemons have the store mounted. ``where``: a store directory or URL, or its
+    ``Place``. ``stop`` (a daemon's unmount) ends it at the next page, with what it did."""
     now = time.time_ns() if now_ns is None else now_ns
     place = as_place(where)
     blobs, staging = place.blobs, place.staging
@@ -247,8 +253,10 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
     maint = place.maintenance()
     try:
         # blob rows and files: marked and swept a page at a time
-        collect_blob_rows(maint, blobs, report)
-        collect_blob_files(maint, blobs, grace_ns, now, report)
+        if not collect_blob_rows(maint, blobs, report, stop) or \
+                collect_blob_files(maint, blobs, grace_ns, now, report, stop) is None:
+            report.stopped = True
+            return report
         # staging files (as many as uploads under way): marked, then swept
         with maint.read() as tx:
             staged = tx.staged_ids()
@@ -288,15 +296,16 @@ def crash_leftovers(place: Place, stop: threading.Event | None = None
 
 
 async def periodic(where: str | Place, interval_s: float = INTERVAL_S,
-                   grace_ns: int = GRACE_NS) -> None:
+                   grace_ns: int = GRACE_NS, stop: threading.Event | None = None) -> None:
     """A daemon's background collection: ``collect`` every ``interval_s`` in a worker thread.
-    A failure is logged and the next round runs; it never ends the mount."""
+    A failure is logged and the next round runs; it never ends the mount. The thread cannot
+    be cancelled: an unmount sets ``stop``, and a round under way ends at its next page."""
     import trio
 
     while True:
         await trio.sleep(interval_s)
         try:
-            report = await trio.to_thread.run_sync(collect, where, grace_ns)
+            report = await trio.to_thread.run_sync(collect, where, grace_ns, None, stop)
         except (OSError, StoreFailure) as e:
             log.warning("gc: failed, trying again in %gs: %s", interval_s, e)
             continue

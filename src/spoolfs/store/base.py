@@ -312,8 +312,8 @@ class GcTx(abc.ABC):
 
     @abc.abstractmethod
     def files_named(self, blob_ids: Sequence[int]) -> dict[int, bytes]:
-        """Of ``blob_ids`` (a page: at most a few thousand), those of blob rows whose content
-        is a blob file: id -> sha256."""
+        """Of ``blob_ids`` (a page: a few hundred, each a parameter of one query), those of
+        blob rows whose content is a blob file: id -> sha256."""
 
     @abc.abstractmethod
     def unreferenced_blobs(self, after: int, limit: int) -> list[int]:
