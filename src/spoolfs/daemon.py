@@ -226,8 +226,8 @@ async def end_sweep(done: trio.Event, stop: threading.Event, wait_s: float = SWE
                     ) -> None:
     """At unmount: wait for recovery's walk of the blob files, so that a store unmounted
     cleanly has no file a crash left behind. A walk still going after ``wait_s`` (a million
-    contents in files, read from disk, take half a minute) is stopped at its next page
-    instead: an unmount stays prompt, and the next mount walks again."""
+    contents in files, read from disk, take about 20 s) is stopped at its next page instead:
+    an unmount stays prompt, and the next mount walks again."""
     with trio.move_on_after(wait_s):
         await done.wait()
     if not done.is_set():

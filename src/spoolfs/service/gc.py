@@ -10,6 +10,9 @@ Three kinds of garbage:
 - **orphan staging files**: ``staging/<id>`` without a staged message, held by no daemon (a
   daemon holds the files it made ahead for its next uploads: service/staging_pool.py).
 
+Blob rows and blob files go a page (``PAGE``) at a time, marked then swept, so that a store of a
+million contents in files costs a page of memory, not a million names.
+
 **Mark**: a read of the store (no lock) and a walk of the directories find candidates; a file is
 a candidate only once it is older than the grace period (its ``ctime``: placing a blob file is a
 ``link``, which sets it, while its ``mtime`` is the upload's last write). **Sweep**: under the
