@@ -64,6 +64,8 @@ class Attributes(Directories):
                         extra["lease_ns"] = max(until, cur.lease_ns)
                 tx.update(entry_id, **fields, **extra)
 
+            if mode is not None:  # before and after: a writer that looked meanwhile looks again
+                self.mode_changes += 1
             await self.tx(fn, durable=e.kind not in ("message", MEMBER))
             if mode is not None:
                 self.mode_changes += 1

@@ -118,7 +118,8 @@ class Moving(Uploads):
                     raise NotFound("a file of the batch changed while it was published")
                 self.content.attach(tx, member_id, member_sealed)
                 cleanup.append(("staging", member_id))
-            if action in self.ARRIVALS and not defer and self._arrive(tx, src.id, now, who):
+            if action in self.ARRIVALS and not defer \
+                    and self._arrive(tx, src.id, d.queue, now, who):
                 left.append(True)
 
         await self.tx(fn, durable=action in rules.DURABLE)
@@ -255,7 +256,7 @@ class Moving(Uploads):
                      mode=cur.mode, uid=who.uid, gid=who.gid, mtime_ns=cur.mtime_ns,
                      created_ns=now)
             tx.copy_xattrs(cur.id, e.id)
-            if action in self.ARRIVALS and self._arrive(tx, e.id, now, who):
+            if action in self.ARRIVALS and self._arrive(tx, e.id, d.queue, now, who):
                 left.append(True)
                 arrived = tx.get(e.id)
                 assert arrived is not None  # inserted in this transaction

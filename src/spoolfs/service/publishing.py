@@ -32,21 +32,24 @@ from spoolfs.store.base import Entry, WriteTx
 log = logging.getLogger(__name__)
 
 class Publishing(SpoolCore):
-    def _arrive(self, tx: WriteTx, entry_id: int, now: int, who: Who,
+    def _arrive(self, tx: WriteTx, entry_id: int, queue: int | None, now: int, who: Who,
                 path: tuple[int, ...] = ()) -> bool:
-        """In the publishing transaction: apply the queue's ``duplicates`` and ``fanout``
-        policies to a message that just entered its ``ready/``. Raises (refusing the whole
+        """In the publishing transaction: apply the ``duplicates`` and ``fanout`` policies of
+        ``queue`` to a message that just entered its ``ready/``. Raises (refusing the whole
         publish) for a rejected duplicate or a missing subscriber. True when the message left
-        ``ready/`` (a skipped duplicate, or a topic's message handed to its subscribers)."""
-        cur = tx.get(entry_id)
-        if cur is None or cur.queue is None or is_staging_name(cur.name):
+        ``ready/`` (a skipped duplicate, or a topic's message handed to its subscribers). A
+        queue with neither policy (most) costs no read of the row."""
+        if queue is None:
             return False
-        policy = self.policies.of(cur.queue)
+        policy = self.policies.of(queue)
         if policy.duplicates == "allow" and not policy.fanout:
             return False
-        queue = tx.get(cur.queue)
-        assert queue is not None
-        qname = queue.name.decode(errors="replace")
+        cur = tx.get(entry_id)
+        if cur is None or cur.queue != queue or is_staging_name(cur.name):
+            return False
+        qe = tx.get(queue)
+        assert qe is not None
+        qname = qe.name.decode(errors="replace")
         if policy.duplicates != "allow" and cur.blob is not None:
             orig = tx.published_with(cur.queue, cur.blob, now - policy.duplicates_window, cur.id)
             if orig is not None:
@@ -61,7 +64,7 @@ class Publishing(SpoolCore):
         if cur.queue in path:  # refused when the policy is set; never loop regardless
             raise Invalid(f"queue {qname}: fanout cycle")
         for sub in policy.fanout:
-            sq = tx.lookup(queue.parent, sub.encode()) if queue.parent is not None else None
+            sq = tx.lookup(qe.parent, sub.encode()) if qe.parent is not None else None
             ready = tx.lookup(sq.id, b"ready") if sq is not None and sq.kind == "queue" else None
             if ready is None:
                 raise NoSubscriber(f"queue {qname} fans out to {sub!r}, which does not exist")
@@ -77,7 +80,7 @@ class Publishing(SpoolCore):
                 assert cur.blob is not None, "a published message has sealed content"
                 tx.blob_ref(cur.blob, 1)
             tx.copy_xattrs(cur.id, copy.id)
-            self._arrive(tx, copy.id, now, who, path + (cur.queue,))
+            self._arrive(tx, copy.id, ready.queue, now, who, path + (cur.queue,))
         self._to_success(tx, cur, now, who, Action.FANOUT, "to " + ", ".join(policy.fanout))
         return True
 
@@ -154,7 +157,7 @@ class Publishing(SpoolCore):
             self.content.attach(tx, e.id, sealed)
             apply(tx, cur, Action.PUBLISH, State.READY, Context(now), (who.uid, who.pid),
                   src="upload", dst=place(cur))
-            self._arrive(tx, e.id, now, who)
+            self._arrive(tx, e.id, cur.queue, now, who)
 
         await self.tx(fn)
         self.content.cleanup([("staging", e.id)])

@@ -54,6 +54,7 @@ class Uploads(Publishing):
         """The row and the empty staging file of a new upload in ``d``, opened for writing
         (the file made ahead when the pool has one: service/staging_pool.py)."""
         fields.setdefault("ctime_ns", now)
+        seen = self.mode_changes  # before the row exists: a chmod of it moves the count
         made: list[Handle] = []
         pooled = self.staging_pool.take()
         if pooled is not None:
@@ -82,7 +83,10 @@ class Uploads(Publishing):
             raise
         if pooled is None:
             self.staging_pool.used(e.id)
-        return e, self._open_handle(e, writable=True, who=who, handle=made[-1])
+        h = self._open_handle(e, writable=True, who=who, handle=made[-1])
+        if not setid_bits(e.mode):  # its mode as made: the first write need not read it
+            h.setid_clear_at = seen
+        return e, h
 
     async def _create_member(self, d: Entry, name: bytes, mode: int, who: Who
                              ) -> tuple[Entry, Handle]:
@@ -217,9 +221,11 @@ class Uploads(Publishing):
             self._writers[h.entry_id] = n
             return
         self._writers.pop(h.entry_id, None)
-        e = self.r.get(h.entry_id)
         try:
-            if e is not None and e.hidden and not h.done:
+            if h.done:  # published at the close (FLUSH) already: nothing to read
+                return
+            e = self.r.get(h.entry_id)
+            if e is not None and e.hidden:
                 await self._publish_settled(e, who)
         finally:
             self._failed.discard(h.entry_id)

@@ -267,10 +267,11 @@ class SqliteWrite(SqliteRead, WriteTx):
     def update(self, entry_id: int, **fields: Any) -> bool:
         sets, vals = _fields(fields)
         appears = "hidden" in fields and not fields["hidden"] and self._hidden(entry_id)
-        cur = self.conn.execute(f"UPDATE entries SET {sets} WHERE id=?", [*vals, entry_id])
-        if appears and cur.rowcount == 1:  # a hidden upload published: a name arrives
-            self._dir_changed(self.get(entry_id).parent)  # type: ignore[union-attr]  # just updated
-        return cur.rowcount == 1
+        rows = self.conn.execute(f"UPDATE entries SET {sets} WHERE id=? RETURNING parent",
+                                 [*vals, entry_id]).fetchall()
+        if appears and rows:  # a hidden upload published: a name arrives
+            self._dir_changed(rows[0][0])
+        return len(rows) == 1
 
     def delete(self, entry_id: int) -> bool:
         rows = self.conn.execute("DELETE FROM entries WHERE id=? RETURNING parent, hidden",
