@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.deep import file_messages, peak_bytes
 from helpers.spool import WHO, Q, content, running, upload
 from spoolfs.cli import main as cli
 from spoolfs.core.rules import State
@@ -442,3 +443,60 @@ async def test_a_repair_applies_the_repair_rows_effects(env: Env) -> None:
         assert getattr(e, column) == value, (column, getattr(e, column), value)
     assert e.attempts == before.attempts and e.enqueued_ns == before.enqueued_ns
     assert spool.r.history(m)[-1][1] == Action.REPAIR.value
+
+
+# --------------------------------------------------------------------------- depth
+
+
+async def test_a_deep_store_is_checked_a_page_at_a_time(env: Env) -> None:
+    """A million messages with contents of their own: a check that held every content row
+    (every small message's bytes among them), every reference count and every blob file's
+    name at once took gigabytes. Each pass goes a page at a time, so what fsck holds does not
+    grow with the messages, and damage past the first pages is still found."""
+    spool, q, store = env
+    n = 3 * fsck_mod.PAGE
+    ready = q[State.READY]
+    file_messages(store, spool, ready, 0, n)
+    file_messages(store, spool, ready, n, n, inline=True, size=1000)
+    small = peak_bytes(lambda: check(store) == [] or pytest.fail("fsck found damage"))
+    more = 3000
+    file_messages(store, spool, ready, 2 * n, more)
+    file_messages(store, spool, ready, 2 * n + more, more, inline=True, size=1000)
+    large = peak_bytes(lambda: check(store) == [] or pytest.fail("fsck found damage"))
+    assert large - small < 10 * 2 * more, (small, large)  # bytes held per added message
+
+    gone, wrong, bad = (spool.lookup(ready, b"m%d" % i) for i in (2 * n + 7, 2 * n + 9,
+                                                                   2 * n + more + 5))
+    os.unlink(blob_path(spool, gone.id))
+    sql(store, "UPDATE blobs SET refcount = 3 WHERE id = ?", wrong.blob)
+    sql(store, "UPDATE blobs SET data = ? WHERE id = ?", b"not it", bad.blob)
+    sql(store, "DELETE FROM blobs WHERE id = ?", spool.lookup(ready, b"m%d" % (n + 1)).blob)
+    loose = os.path.join(str(store), "blobs", "ab", "cd", "ab" * 32 + ".99999999")
+    os.makedirs(os.path.dirname(loose), exist_ok=True)
+    with open(loose, "wb") as f:
+        f.write(b"loose")
+    missing_row = spool.lookup(ready, b"m%d" % (n + 1)).blob
+    assert sorted(check(store)) == sorted([
+        f"blob {gone.blob}: file missing",
+        f"blob {wrong.blob}: refcount 3, referenced 1",
+        f"blob {bad.blob}: inline content does not match its hash",
+        f"blob {missing_row} referenced by 1 message(s) is missing",
+        f"dangling reference: ('entries', {spool.lookup(ready, b'm%d' % (n + 1)).id}, "
+        "'blobs', 0)",
+        f"orphan blob file {loose}",
+    ])
+    _, fixes = repair(store)
+    assert len([f for f in fixes if "moved to error/" in f]) == 3
+    assert check(store) == [] and not os.path.exists(loose)
+
+
+def test_the_files_found_cost_a_bit_each_whatever_their_ids() -> None:
+    """What the walk found is a bit per blob id, in chunks: an odd large id (a row made by
+    hand) costs one chunk, not a bitmap up to it."""
+    found = fsck_mod._IdSet()
+    ids = (0, 1, 7, 8, 65_535, 65_536, 2**40, 2**62)
+    for i in ids:
+        found.add(i)
+    assert all(i in found for i in ids)
+    assert not any(i in found for i in (2, 9, 65_537, 2**40 + 1, 2**62 - 1, -1))
+    assert len(found._chunks) == 4

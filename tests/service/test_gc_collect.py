@@ -8,13 +8,13 @@ import os
 import sqlite3
 import threading
 import time
-import tracemalloc
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
+from helpers.deep import file_messages, peak_bytes
 from helpers.spool import WHO, running, upload
 from helpers.spool import content as read
 from helpers.waiting import patience
@@ -146,41 +146,6 @@ async def test_periodic_collects_in_the_background(env: Env) -> None:
                 await trio.sleep(0.01)
             n.cancel_scope.cancel()
     assert not os.path.exists(loose)
-
-
-def file_messages(store: Path, spool: Spool, ready: int, first: int, n: int) -> None:
-    """``n`` messages in ``ready``, each with its own content in a blob file. Inserted
-    directly: uploading each would take a minute; the rows are what a publish commits."""
-    conn = sqlite3.connect(store / "meta.db", isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        queue = conn.execute("SELECT queue FROM entries WHERE id=?", (ready,)).fetchone()[0]
-        for i in range(first, first + n):
-            data = b"message %d" % i
-            sha = hashlib.sha256(data).digest()
-            bid = conn.execute("INSERT INTO blobs (sha256, size, refcount, data) "
-                               "VALUES (?, ?, 1, NULL)", (sha, len(data))).lastrowid
-            assert bid is not None
-            conn.execute("INSERT INTO entries (parent, name, kind, queue, state, blob, size, "
-                         "mode, mtime_ns, ctime_ns, created_ns, enqueued_ns) "
-                         "VALUES (?, ?, 'message', ?, 'ready', ?, ?, 33188, 0, 0, 0, ?)",
-                         (ready, b"m%d" % i, queue, bid, len(data), i))
-            path = spool.content.blobs.path(sha, bid)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            Path(path).write_bytes(data)
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
-
-
-def peak_bytes(fn: Callable[[], object]) -> int:
-    """The most memory Python held at once while ``fn`` ran, above what it held before."""
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 async def test_the_walk_of_the_blob_files_holds_a_page_at_a_time(env: Env) -> None:

@@ -169,11 +169,19 @@ def test_maintenance_runs_the_checks(pg_url: str) -> None:
         with m.read() as tx:
             assert tx.integrity_ok() and tx.dangling() == []
             assert tx.schema_version() == str(pg_schema.VERSION)
-            assert [r for r in tx.refcounts()] == [(1, 1)] or len(tx.refcounts()) == 1
+            (file_blob, refcount, referenced), = tx.blob_references(-1, 100)
+            assert (refcount, referenced) == (1, 1) and tx.blob_references(file_blob, 100) == []
+            assert tx.missing_blob_rows() == []
             assert tx.unreferenced_blobs(0, 100) == []
-            (file_blob, _), = tx.refcounts()
             assert tx.files_named([file_blob, file_blob + 99]) == {file_blob: b"\x01" * 32}
             assert tx.files_named([]) == {}
+            assert tx.file_blobs_named([file_blob]) == {file_blob: (b"\x01" * 32, 3)}
+            assert tx.file_blobs_page(-1, 100) == [(file_blob, b"\x01" * 32, 3)]
+            assert tx.inline_blobs_page(-1, 100) == []
+            assert tx.staged_among([e.id, 1]) == set() and tx.staged_among([]) == set()
+            tree = tx.tree_page(-1, 2)
+            assert [row[0] for row in tree] == [1, tree[1][0]] and tree[0][7] is False
+            assert tx.tree_page(-1, 1000)[-1][:2] == (e.id, e.parent)
         with m.write() as tx:
             bid = tx.insert_empty_blob(b"\x02" * 32)
             assert bid > 0 and tx.blob_exists(bid)
@@ -181,6 +189,7 @@ def test_maintenance_runs_the_checks(pg_url: str) -> None:
             assert tx.unreferenced_blobs(0, 100) == [bid]
             assert tx.unreferenced_blobs(bid, 100) == []
             assert tx.files_named([bid]) == {}  # empty content is kept in the row
+            assert tx.inline_blobs_page(-1, 100) == [(bid, b"\x02" * 32, b"")]
     finally:
         m.close()
 

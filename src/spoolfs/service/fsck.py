@@ -36,7 +36,8 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 from spoolfs.blobs.files import file_info
 from spoolfs.core.errors import StoreFailure
@@ -44,19 +45,53 @@ from spoolfs.core.names import free_name
 from spoolfs.core.rules import Action, State, kind_of
 from spoolfs.core.transitions import Context, fields_of, transition
 from spoolfs.service import gc
+from spoolfs.store.base import FsckTx
 from spoolfs.store.private import DIR_MODE, FILE_MODE
 from spoolfs.store.site import Place, as_place
 
 PROGRESS_EVERY = 10_000
+#: rows and files looked at together: what a check holds at once
+PAGE = 500
 #: rows that hold content: messages, and the files of a batch (its members)
 CONTENT_KINDS = ("message", "member")
 EMPTY_SHA256 = hashlib.sha256(b"").digest()
+T = TypeVar("T")
 
 
 
 
 def _show(name: bytes) -> str:
     return repr(name)[1:]
+
+
+def _by_id(page: Callable[[int, int], Sequence[T]]) -> Iterator[T]:
+    """Every row of a table, a page of ``PAGE`` at a time: ``page(after, limit)`` gives the
+    rows with ids above ``after``, the id first in each."""
+    after = -(1 << 63)
+    while True:
+        rows = page(after, PAGE)
+        yield from rows
+        if len(rows) < PAGE:
+            return
+        after = rows[-1][0]  # type: ignore[index]
+
+
+class _IdSet:
+    """A set of ids, a bit each, in chunks of 65,536 ids (8 KiB): 16 chunks for a million
+    ids given out in order, and one for an odd large id."""
+
+    def __init__(self) -> None:
+        self._chunks: dict[int, bytearray] = {}
+
+    def add(self, i: int) -> None:
+        chunk = self._chunks.get(i >> 16)
+        if chunk is None:
+            chunk = self._chunks[i >> 16] = bytearray(8192)
+        chunk[(i & 0xFFFF) >> 3] |= 1 << (i & 7)
+
+    def __contains__(self, i: int) -> bool:
+        chunk = self._chunks.get(i >> 16)
+        return chunk is not None and bool(chunk[(i & 0xFFFF) >> 3] & 1 << (i & 7))
 
 
 class Fsck:
@@ -83,9 +118,7 @@ class Fsck:
         self.counts = {"entries": 0, "blobs": 0, "blob files": 0, "staging files": 0}
         self._checked = 0
         # what the checks saw, and the candidates for repair
-        self._refs: dict[int, int] = {}  # blob id -> messages referencing it
-        self._staged: set[int] = set()
-        self._files: dict[int, tuple[str, bytes]] = {}  # blob id -> (path, sha) of a blob file
+        self._files: dict[int, tuple[str, bytes]] = {}  # blob id -> (path, sha) of an orphan
         self.lost: dict[int, str] = {}  # blob id -> what is wrong with its content
         self.missing_rows: set[int] = set()  # blob ids referenced but without a row
         self.no_content: set[int] = set()  # messages with neither a blob nor an upload
@@ -104,11 +137,14 @@ class Fsck:
             self.close()
 
     def check(self) -> list[str]:
+        """Every check, each a page (``PAGE``) at a time: fsck holds no more for a store of a
+        million messages than for one of a thousand."""
         self.check_schema()
         with self.maint.read():  # messages and blob rows from one snapshot
             self.check_tree()
             self.check_refcounts()
         self.check_blob_files()
+        self.check_inline_blobs()
         self.check_staging()
         return self.problems
 
@@ -156,14 +192,10 @@ class Fsck:
             self._bad(f"schema version {v} != {self.maint.version}")
 
     def check_tree(self) -> None:
-        for eid, parent, name, kind, mode, blob, staged, has_parent in self.tx.tree():
+        for eid, parent, name, kind, mode, blob, staged, has_parent in _by_id(self.tx.tree_page):
             self._tick("entries")
             if eid != 1 and not has_parent:
                 self._bad(f"entry {eid} {name!r}: parent {parent} missing")
-            if staged:
-                self._staged.add(eid)
-            if blob is not None:
-                self._refs[blob] = self._refs.get(blob, 0) + 1
             if kind not in CONTENT_KINDS:
                 continue
             if stat.S_ISDIR(mode):  # a batch, or a directory in one: no content of its own
@@ -175,59 +207,82 @@ class Fsck:
                     self.no_content.add(eid)
 
     def check_refcounts(self) -> None:
-        seen = set()
-        for bid, refcount in self.tx.refcounts():
+        """Each blob row's count against the entries that reference it (the store counts
+        them, by its index of entries by blob), then references to rows that are gone."""
+        for bid, refcount, n in _by_id(self.tx.blob_references):
             self._tick("blobs")
-            seen.add(bid)
-            n = self._refs.get(bid, 0)
             if refcount != n:
                 self._bad(f"blob {bid}: refcount {refcount}, referenced {n}")
                 self.bad_refcounts.add(bid)
             if n == 0:
                 self._bad(f"blob {bid}: no message references it")
                 self.unreferenced.add(bid)
-        for bid, n in sorted(self._refs.items()):
-            if bid not in seen:
-                self._bad(f"blob {bid} referenced by {n} message(s) is missing")
-                self.missing_rows.add(bid)
+        for bid, n in self.tx.missing_blob_rows():
+            self._bad(f"blob {bid} referenced by {n} message(s) is missing")
+            self.missing_rows.add(bid)
 
     def check_blob_files(self) -> None:
-        with self.maint.read() as tx:
-            rows = tx.file_blobs()
-        for path, sha, bid in self.blobs.walk():
-            self._tick("blob files")
-            row = rows.get(bid)
-            if row is None or row[0] != sha:
-                if bid >= 0 and sha:
-                    self._files[bid] = (path, sha)
-                if not self._young(path, blob=True):
-                    self._bad(f"orphan blob file {path}")
-                    self.orphan_files.append((path, sha, bid))
+        """The walk of the blob files, a page at a time with the page's rows (each page its
+        own short read: a long check never holds the store's log back), then the rows whose
+        file the walk did not find. A row the walk missed may be newer than the walk's pass:
+        it is missing only if its file is missing now."""
+        seen = _IdSet()
+        for page in gc.pages(self.blobs.walk(), PAGE):
+            with self.maint.read() as tx:
+                rows = tx.file_blobs_named([bid for _, _, bid in page if bid >= 0])
+            for path, sha, bid in page:
+                self._tick("blob files")
+                row = rows.get(bid)
+                if row is None or row[0] != sha:
+                    if bid >= 0 and sha:
+                        self._files[bid] = (path, sha)
+                    if not self._young(path, blob=True):
+                        self._bad(f"orphan blob file {path}")
+                        self.orphan_files.append((path, sha, bid))
+                    continue
+                seen.add(bid)
+                problem = self._file_problem(path, row[0], row[1], self.hash_files)
+                if problem is not None:
+                    self._bad(f"blob {bid}: {problem} ({path})")
+                    self.lost[bid] = problem
+        for bid, sha, size in self._each(lambda tx, after, n: tx.file_blobs_page(after, n)):
+            if bid in seen:
                 continue
-            del rows[bid]
-            problem = self._file_problem(path, row[0], row[1], self.hash_files)
-            if problem is not None:
-                self._bad(f"blob {bid}: {problem} ({path})")
-                self.lost[bid] = problem
-        for bid in sorted(rows):  # file-backed rows whose file was not found
-            self._bad(f"blob {bid}: file missing")
-            self.lost[bid] = "file missing"
-        with self.maint.read() as tx:
-            inline = list(tx.inline_blobs())
-        for bid, sha, data in inline:
+            problem = self._file_problem(self.blobs.name(sha, bid), sha, size, self.hash_files)
+            if problem is None:
+                continue
+            with self.maint.read() as tx:
+                if tx.blob_content(bid) is None:
+                    continue  # deleted meanwhile, with its file
+            self._bad(f"blob {bid}: {problem}" if problem == "file missing" else
+                      f"blob {bid}: {problem} ({self.blobs.name(sha, bid)})")
+            self.lost[bid] = problem
+
+    def check_inline_blobs(self) -> None:
+        for bid, sha, data in self._each(lambda tx, after, n: tx.inline_blobs_page(after, n)):
             if hashlib.sha256(data).digest() != sha:
                 self._bad(f"blob {bid}: inline content does not match its hash")
                 self.lost[bid] = "inline content does not match its hash"
 
     def check_staging(self) -> None:
-        for sid in self.staging.ids():
-            self._tick("staging files")
-            # held: made ahead by a daemon for its next upload (service/staging_pool.py)
-            if sid not in self._staged and not self.staging.held(sid):
-                path = self.staging.path(sid)
-                if not self._young(path):
-                    self._bad(f"orphan staging file {path}")
-                    self.orphan_staging.append(sid)
+        for page in gc.pages(self.staging.ids(), PAGE):
+            with self.maint.read() as tx:
+                staged = tx.staged_among(page)
+            for sid in page:
+                self._tick("staging files")
+                # held: made ahead by a daemon for its next upload (service/staging_pool.py)
+                if sid not in staged and not self.staging.held(sid):
+                    path = self.staging.path(sid)
+                    if not self._young(path):
+                        self._bad(f"orphan staging file {path}")
+                        self.orphan_staging.append(sid)
+
+    def _each(self, query: Callable[[FsckTx, int, int], list[T]]) -> Iterator[T]:
+        """The rows of a paged ``query``, each page read in a short transaction of its own."""
+        def page(after: int, limit: int) -> list[T]:
+            with self.maint.read() as tx:
+                return query(tx, after, limit)
+        return _by_id(page)
 
     def _file_problem(self, path: str, sha: bytes, size: int, hash_it: bool = True) -> str | None:
         """What is wrong with the stored object ``path`` of a blob, or None."""

@@ -161,7 +161,8 @@ def _old_object(blobs: BlobStore, name: str, grace_ns: int, now_ns: int, report:
     return info
 
 
-def _pages(items: Iterable[T], size: int = PAGE) -> Iterator[list[T]]:
+def pages(items: Iterable[T], size: int = PAGE) -> Iterator[list[T]]:
+    """``items`` in lists of ``size``."""
     it = iter(items)
     while page := list(itertools.islice(it, size)):
         yield page
@@ -174,7 +175,7 @@ def collect_blob_files(maint: Maintenance, blobs: BlobStore, grace_ns: int, now_
     page, not the store's million names. Returns how many objects there are, or None when
     ``stop`` was set before the walk's end (it stops at the next page)."""
     objects = 0
-    for page in _pages(blobs.walk()):
+    for page in pages(blobs.walk()):
         if stop is not None and stop.is_set():
             return None
         objects += len(page)
@@ -260,17 +261,18 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
                 collect_blob_files(maint, blobs, grace_ns, now, report, stop) is None:
             report.stopped = True
             return report
-        # staging files (as many as uploads under way): marked, then swept
-        with maint.read() as tx:
-            staged = tx.staged_ids()
+        # staging files (as many as uploads under way): marked a page at a time, then swept
         orphan_staging = []
-        for sid in staging.ids():
-            if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
-                continue
-            if _old_enough(staging.path(sid), grace_ns, now) is None:
-                report.young += os.path.lexists(staging.path(sid))
-                continue
-            orphan_staging.append(sid)
+        for page in pages(staging.ids()):
+            with maint.read() as tx:
+                staged = tx.staged_among(page)
+            for sid in page:
+                if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
+                    continue
+                if _old_enough(staging.path(sid), grace_ns, now) is None:
+                    report.young += os.path.lexists(staging.path(sid))
+                    continue
+                orphan_staging.append(sid)
         sweep_staging(maint, staging, orphan_staging, grace_ns, now, report)
         pruned = maint.prune_changes(CHANGES_KEPT_S)
         if pruned:

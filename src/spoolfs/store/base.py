@@ -8,7 +8,7 @@ message is still where the caller saw it, so no correctness depends on a process
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -321,8 +321,9 @@ class GcTx(abc.ABC):
         ``limit`` (a page: go on from the last)."""
 
     @abc.abstractmethod
-    def staged_ids(self) -> set[int]:
-        """Ids of entries whose content is an upload's staging file."""
+    def staged_among(self, entry_ids: Sequence[int]) -> set[int]:
+        """Of ``entry_ids`` (a page), those of entries whose content is an upload's staging
+        file."""
 
     @abc.abstractmethod
     def is_staged(self, entry_id: int) -> bool: ...
@@ -349,18 +350,33 @@ class FsckTx(GcTx):
     @abc.abstractmethod
     def schema_version(self) -> str | None: ...
 
-    @abc.abstractmethod
-    def tree(self) -> Iterator[tuple[int, int | None, bytes, str, int, int | None, bool, bool]]:
-        """Every entry, by id: id, parent, name, kind, mode, blob, staged, parent exists."""
+    # Whole-table passes go a page at a time (``after``: the last id of the previous page;
+    # at most ``limit`` rows, by id): what fsck holds does not grow with the store.
 
     @abc.abstractmethod
-    def refcounts(self) -> list[tuple[int, int]]: ...
+    def tree_page(self, after: int, limit: int
+                  ) -> list[tuple[int, int | None, bytes, str, int, int | None, bool, bool]]:
+        """Entries by id: id, parent, name, kind, mode, blob, staged, parent exists."""
 
     @abc.abstractmethod
-    def file_blobs(self) -> dict[int, tuple[bytes, int]]: ...
+    def blob_references(self, after: int, limit: int) -> list[tuple[int, int, int]]:
+        """Blob rows by id: id, refcount, entries that reference it."""
 
     @abc.abstractmethod
-    def inline_blobs(self) -> Iterator[tuple[int, bytes, bytes]]: ...
+    def missing_blob_rows(self) -> list[tuple[int, int]]:
+        """Blob ids that entries reference but no row has, with how many reference each."""
+
+    @abc.abstractmethod
+    def file_blobs_named(self, blob_ids: Sequence[int]) -> dict[int, tuple[bytes, int]]:
+        """Of ``blob_ids`` (a page), the rows whose content is a file: id -> (sha256, size)."""
+
+    @abc.abstractmethod
+    def file_blobs_page(self, after: int, limit: int) -> list[tuple[int, bytes, int]]:
+        """Blob rows whose content is a file, by id: id, sha256, size."""
+
+    @abc.abstractmethod
+    def inline_blobs_page(self, after: int, limit: int) -> list[tuple[int, bytes, bytes]]:
+        """Blob rows whose content is in the row, by id: id, sha256, content."""
 
     @abc.abstractmethod
     def blob_content(self, blob_id: int) -> tuple[bytes, int, bytes | None] | None: ...

@@ -35,8 +35,12 @@ class SqliteGcTx(GcTx):
             "SELECT id FROM blobs b WHERE id > ? AND NOT EXISTS "
             "(SELECT 1 FROM entries e WHERE e.blob = b.id) ORDER BY id LIMIT ?", (after, limit))]
 
-    def staged_ids(self) -> set[int]:
-        return {int(i) for (i,) in self.conn.execute("SELECT id FROM entries WHERE staged=1")}
+    def staged_among(self, entry_ids: Sequence[int]) -> set[int]:
+        if not entry_ids:
+            return set()
+        return {int(i) for (i,) in self.conn.execute(
+            "SELECT id FROM entries WHERE staged=1 AND id IN "
+            f"({','.join('?' * len(entry_ids))})", tuple(entry_ids))}
 
     def is_staged(self, entry_id: int) -> bool:
         row = self.conn.execute("SELECT staged FROM entries WHERE id=?", (entry_id,)).fetchone()
@@ -72,23 +76,40 @@ class SqliteFsckTx(SqliteGcTx, FsckTx):
         v = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         return None if v is None else str(v[0])
 
-    def tree(self) -> Iterator[tuple[int, int | None, bytes, str, int, int | None, bool, bool]]:
-        for eid, parent, name, kind, mode, blob, staged, pid in self.conn.execute(
-                "SELECT e.id, e.parent, e.name, e.kind, e.mode, e.blob, e.staged, p.id "
-                "FROM entries e LEFT JOIN entries p ON p.id = e.parent ORDER BY e.id"):
-            yield eid, parent, bytes(name), kind, mode, blob, bool(staged), pid is not None
+    def tree_page(self, after: int, limit: int
+                  ) -> list[tuple[int, int | None, bytes, str, int, int | None, bool, bool]]:
+        return [(eid, parent, bytes(name), kind, mode, blob, bool(staged), pid is not None)
+                for eid, parent, name, kind, mode, blob, staged, pid in self.conn.execute(
+                    "SELECT e.id, e.parent, e.name, e.kind, e.mode, e.blob, e.staged, p.id "
+                    "FROM entries e LEFT JOIN entries p ON p.id = e.parent WHERE e.id > ? "
+                    "ORDER BY e.id LIMIT ?", (after, limit))]
 
-    def refcounts(self) -> list[tuple[int, int]]:
-        return self.conn.execute("SELECT id, refcount FROM blobs ORDER BY id").fetchall()
+    def blob_references(self, after: int, limit: int) -> list[tuple[int, int, int]]:
+        return [(int(i), int(r), int(n)) for i, r, n in self.conn.execute(
+            "SELECT b.id, b.refcount, (SELECT COUNT(*) FROM entries e WHERE e.blob = b.id) "
+            "FROM blobs b WHERE b.id > ? ORDER BY b.id LIMIT ?", (after, limit))]
 
-    def file_blobs(self) -> dict[int, tuple[bytes, int]]:
-        return {bid: (bytes(sha), size) for bid, sha, size in self.conn.execute(
-            "SELECT id, sha256, size FROM blobs WHERE data IS NULL")}
+    def missing_blob_rows(self) -> list[tuple[int, int]]:
+        return [(int(i), int(n)) for i, n in self.conn.execute(
+            "SELECT e.blob, COUNT(*) FROM entries e WHERE e.blob IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM blobs b WHERE b.id = e.blob) GROUP BY e.blob ORDER BY e.blob")]
 
-    def inline_blobs(self) -> Iterator[tuple[int, bytes, bytes]]:
-        for bid, sha, data in self.conn.execute(
-                "SELECT id, sha256, data FROM blobs WHERE data IS NOT NULL ORDER BY id"):
-            yield bid, bytes(sha), bytes(data)
+    def file_blobs_named(self, blob_ids: Sequence[int]) -> dict[int, tuple[bytes, int]]:
+        if not blob_ids:
+            return {}
+        return {int(i): (bytes(s), int(n)) for i, s, n in self.conn.execute(
+            "SELECT id, sha256, size FROM blobs WHERE data IS NULL AND id IN "
+            f"({','.join('?' * len(blob_ids))})", tuple(blob_ids))}
+
+    def file_blobs_page(self, after: int, limit: int) -> list[tuple[int, bytes, int]]:
+        return [(int(i), bytes(s), int(n)) for i, s, n in self.conn.execute(
+            "SELECT id, sha256, size FROM blobs WHERE data IS NULL AND id > ? "
+            "ORDER BY id LIMIT ?", (after, limit))]
+
+    def inline_blobs_page(self, after: int, limit: int) -> list[tuple[int, bytes, bytes]]:
+        return [(int(i), bytes(s), bytes(d)) for i, s, d in self.conn.execute(
+            "SELECT id, sha256, data FROM blobs WHERE data IS NOT NULL AND id > ? "
+            "ORDER BY id LIMIT ?", (after, limit))]
 
     def blob_content(self, blob_id: int) -> tuple[bytes, int, bytes | None] | None:
         row = self.conn.execute("SELECT sha256, size, data FROM blobs WHERE id=?",
