@@ -8,6 +8,7 @@ and a message whose content was lost is in ``error/`` with the reason, never gon
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sqlite3
@@ -500,3 +501,26 @@ def test_the_files_found_cost_a_bit_each_whatever_their_ids() -> None:
     assert all(i in found for i in ids)
     assert not any(i in found for i in (2, 9, 65_537, 2**40 + 1, 2**62 - 1, -1))
     assert len(found._chunks) == 4
+
+
+async def test_a_blob_file_that_cannot_be_read_is_one_line(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk error reading a blob file is a problem line, not a traceback that ends the
+    check, and repair leaves the file's messages where they are (the content may be whole)."""
+    spool, q, store = env
+    a = await upload(spool, q[State.READY], b"a", os.urandom(BIG))
+    b = await upload(spool, q[State.READY], b"b", os.urandom(BIG))
+    bad = blob_path(spool, a)
+    digest = spool.content.blobs.digest
+
+    def failing(self: object, path: str) -> tuple[bytes, int] | None:
+        if path == bad:
+            raise OSError(errno.EIO, "Input/output error")
+        return digest(path)
+
+    monkeypatch.setattr(type(spool.content.blobs), "digest", failing)
+    assert check(store) == [f"blob {spool.get(a).blob}: file cannot be read ({bad}): "
+                            "Input/output error"]
+    assert repair(store)[1] == []
+    assert spool.get(a).state is State.READY and spool.get(b).state is State.READY
+    monkeypatch.undo()

@@ -241,22 +241,28 @@ class Fsck:
                         self.orphan_files.append((path, sha, bid))
                     continue
                 seen.add(bid)
-                problem = self._file_problem(path, row[0], row[1], self.hash_files)
-                if problem is not None:
-                    self._bad(f"blob {bid}: {problem} ({path})")
-                    self.lost[bid] = problem
+                self._check_blob_file(bid, path, row[0], row[1])
         for bid, sha, size in self._each(lambda tx, after, n: tx.file_blobs_page(after, n)):
-            if bid in seen:
-                continue
-            problem = self._file_problem(self.blobs.name(sha, bid), sha, size, self.hash_files)
-            if problem is None:
-                continue
-            with self.maint.read() as tx:
-                if tx.blob_content(bid) is None:
-                    continue  # deleted meanwhile, with its file
-            self._bad(f"blob {bid}: {problem}" if problem == "file missing" else
-                      f"blob {bid}: {problem} ({self.blobs.name(sha, bid)})")
-            self.lost[bid] = problem
+            if bid not in seen:
+                self._check_blob_file(bid, self.blobs.name(sha, bid), sha, size)
+
+    def _check_blob_file(self, bid: int, path: str, sha: bytes, size: int) -> None:
+        """One blob row's file. A problem counts only if the row is still there once the file
+        was looked at (a message deleted meanwhile takes its file with it). A file that
+        cannot be read is reported, not repaired (its content may be whole)."""
+        try:
+            problem = self._file_problem(path, sha, size, self.hash_files)
+        except OSError as err:
+            self._bad(f"blob {bid}: file cannot be read ({path}): {err.strerror or err}")
+            return
+        if problem is None:
+            return
+        with self.maint.read() as tx:
+            if tx.blob_content(bid) is None:
+                return  # deleted meanwhile, with its file
+        self._bad(f"blob {bid}: {problem}" if problem == "file missing" else
+                  f"blob {bid}: {problem} ({path})")
+        self.lost[bid] = problem
 
     def check_inline_blobs(self) -> None:
         for bid, sha, data in self._each(lambda tx, after, n: tx.inline_blobs_page(after, n)):

@@ -54,7 +54,6 @@ class Uploads(Publishing):
         """The row and the empty staging file of a new upload in ``d``, opened for writing
         (the file made ahead when the pool has one: service/staging_pool.py)."""
         fields.setdefault("ctime_ns", now)
-        seen = self.mode_changes  # before the row exists: a chmod of it moves the count
         made: list[Handle] = []
         pooled = self.staging_pool.take()
         if pooled is not None:
@@ -83,10 +82,7 @@ class Uploads(Publishing):
             raise
         if pooled is None:
             self.staging_pool.used(e.id)
-        h = self._open_handle(e, writable=True, who=who, handle=made[-1])
-        if not setid_bits(e.mode):  # its mode as made: the first write need not read it
-            h.setid_clear_at = seen
-        return e, h
+        return e, self._open_handle(e, writable=True, who=who, handle=made[-1])
 
     async def _create_member(self, d: Entry, name: bytes, mode: int, who: Who
                              ) -> tuple[Entry, Handle]:
