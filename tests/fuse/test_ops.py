@@ -8,6 +8,7 @@ import errno
 import logging
 import os
 from collections.abc import Awaitable
+from time import monotonic
 
 import pyfuse3
 import pytest
@@ -19,6 +20,7 @@ from spoolfs.fuse import ops as ops_module
 from spoolfs.fuse import virtual
 from spoolfs.service.spool import RENAME_EXCHANGE, RENAME_NOREPLACE
 from spoolfs.service.spool_core import SpoolCore
+from spoolfs.store.base import Entry
 
 
 def _spool_errors() -> list[type[errors.SpoolError]]:
@@ -263,6 +265,79 @@ async def test_readdir_resumes_at_its_cookie_while_the_directory_changes(fs: Fs)
     assert [n for n in seen if n in before] == before
     assert len(seen) == len(set(seen))
     assert all(n.startswith(b"new") for n in seen if n not in before)
+
+
+async def _list_in_replies(fs: Fs, fh: int, room: int) -> list[bytes]:
+    """A whole listing, ``room`` entries per readdir (the kernel's buffer)."""
+    seen: list[bytes] = []
+    cookie = 0
+    while True:
+        fs.listing.replies.clear()
+        fs.listing.room = room
+        await fs.ops.readdir(fh, cookie, None)
+        if not fs.listing.replies:
+            return seen
+        seen += [name for name, _, _ in fs.listing.replies]
+        cookie = fs.listing.replies[-1][2]
+
+
+def _pages_read(fs: Fs, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows each page read from the store returned, in order."""
+    read: list[int] = []
+    listing = fs.spool.r.listing
+
+    def counted(parent: int, after: int, limit: int) -> list[Entry]:
+        rows = listing(parent, after, limit)
+        read.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(fs.spool.r, "listing", counted)
+    return read
+
+
+async def test_a_listing_reads_each_entry_from_the_store_once(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel takes fewer entries per readdir than a page holds: what it did not take is
+    its next readdir's, not read again (on a database server a page costs milliseconds)."""
+    ready = fs[State.READY]
+    names = [b"m%03d" % i for i in range(2 * ops_module.PAGE + 50)]
+    for name in names:
+        await fs.upload(ready, name, b"x")
+    read = _pages_read(fs, monkeypatch)
+    fh = await fs.ops.opendir(ready, Ctx())
+    assert await _list_in_replies(fs, fh, 100) == names
+    await fs.ops.releasedir(fh)
+    assert sum(read) == len(names) and len(read) == 3
+
+
+async def test_a_listing_reads_again_after_a_change_or_a_pause(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a page read and the kernel did not take yet is not kept past a change this daemon
+    commits (a name it removed must not come back), nor long (another daemon's changes)."""
+    ready = fs[State.READY]
+    names = [b"m%03d" % i for i in range(10)]
+    for name in names:
+        await fs.upload(ready, name, b"x")
+    fh = await fs.ops.opendir(ready, Ctx())
+    fs.listing.room = 3
+    await fs.ops.readdir(fh, 0, None)
+    cookie = fs.listing.replies[-1][2]
+    await fs.ops.unlink(ready, b"m004", Ctx())  # read with the first page, not sent yet
+    fs.listing.replies.clear()
+    fs.listing.room = 3
+    await fs.ops.readdir(fh, cookie, None)
+    assert [n for n, _, _ in fs.listing.replies] == [b"m003", b"m005", b"m006"]
+
+    read = _pages_read(fs, monkeypatch)
+    now = monotonic()
+    monkeypatch.setattr(ops_module, "monotonic", lambda: now + ops_module.TIMEOUT)
+    cookie = fs.listing.replies[-1][2]
+    fs.listing.replies.clear()
+    fs.listing.room = 3
+    await fs.ops.readdir(fh, cookie, None)
+    assert [n for n, _, _ in fs.listing.replies] == [b"m007", b"m008", b"m009"]
+    assert read == [3]  # the rest of the page, read again
+    await fs.ops.releasedir(fh)
 
 
 async def test_a_cookie_past_the_end_lists_nothing(fs: Fs) -> None:

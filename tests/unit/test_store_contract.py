@@ -10,7 +10,7 @@ import pytest
 
 from spoolfs.core.errors import Exists
 from spoolfs.core.rules import State
-from spoolfs.store.base import Store, WriteTx
+from spoolfs.store.base import LISTED_COLUMNS, Store, WriteTx
 from spoolfs.store.registry import open_store
 from spoolfs.store.sqlite import SqliteStore
 
@@ -199,6 +199,25 @@ def test_a_directory_is_read_in_pages_by_id(store: Store) -> None:
     assert [e.id for e in rest] == ids[4:7]
     assert [e.id for e in r.page(d.id, rest[-1].id, 3)] == [late.id]
     assert r.page(d.id, late.id, 3) == []
+
+
+def test_a_listing_reads_what_the_attributes_show(store: Store) -> None:
+    """``listing`` is ``page`` with each entry read as a listing shows it: the fields of its
+    attributes (``LISTED_COLUMNS``) and its link count, the same as a whole row has them."""
+    d = one(store, lambda tx: tx.insert(parent=1, name=b"d", kind="state", state=State.READY,
+                                        mode=0o40755, mtime_ns=1, ctime_ns=1, created_ns=1))
+    bid = one(store, lambda tx: tx.blob_insert(b"s" * 32, 5, None))
+    one(store, lambda tx: tx.blob_ref(bid, 2))
+    one(store, lambda tx: msg(tx, d.id, b"a", blob=bid, size=5, uid=7, gid=8, atime_ns=3))
+    one(store, lambda tx: msg(tx, d.id, b"b", blob=bid, size=5, staged=1))
+    one(store, lambda tx: msg(tx, d.id, b"hidden", hidden=1))
+    r = store.reader()
+    whole, listed = r.page(d.id, 0, 10), r.listing(d.id, 0, 10)
+    assert [e.name for e in listed] == [b"a", b"b"]
+    for w, e in zip(whole, listed, strict=True):
+        assert all(getattr(e, c) == getattr(w, c) for c in LISTED_COLUMNS)
+        assert e.refs == w.refs == 2 and e.state is State.READY
+    assert r.listing(d.id, listed[0].id, 1)[0].name == b"b"
 
 
 def test_a_directory_counts_its_visible_subdirectories_only(store: Store) -> None:

@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from time import monotonic, perf_counter_ns
 from typing import Any, TypeVar, cast
 
@@ -41,6 +42,29 @@ TIMEOUT = 1.0
 FRESH = TIMEOUT + 0.5
 #: entries read from the store at a time for a listing
 PAGE = 256
+#: seconds the rest of a page the kernel did not take may wait for its next readdir (then it
+#: is read again): within this, only another daemon's changes can have made it stale
+REST_AGE = TIMEOUT / 10
+
+
+@dataclass(slots=True)
+class _Listing:
+    """An open directory: its id, and the rest of the last page read for it (the entries the
+    kernel's buffer had no room for), as read after ``after`` when ``seen`` was the spool's
+    count of changes, at ``at`` (monotonic)."""
+
+    sid: int
+    rest: list[Entry] = field(default_factory=list)
+    full: bool = False  # the page was full: more may follow the rest
+    after: int = -1
+    seen: int = -1
+    at: float = 0.0
+
+    def resume(self, after: int, seen: int, now: float) -> tuple[list[Entry], bool] | None:
+        """The rest, if it follows ``after`` and nothing changed since it was read."""
+        if after != self.after or seen != self.seen or now - self.at > REST_AGE:
+            return None
+        return self.rest, self.full
 
 
 def _holds(pid: int, ino: int) -> bool:
@@ -101,7 +125,7 @@ class Operations(pyfuse3.Operations):
         #: uploads are written straight to the daemon, past the page cache (not -o shared_mmap)
         self._direct_writes = direct_writes
         self._handles: dict[int, Handle] = {}
-        self._dirs: dict[int, int] = {}  # open directory handle -> the directory's id
+        self._dirs: dict[int, _Listing] = {}  # open directory handle -> its listing
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
         #: until when (monotonic) the kernel may keep the attributes it was last given, for
@@ -362,29 +386,47 @@ class Operations(pyfuse3.Operations):
             self.spool.check_dir(sid)
         fh = self._next_fh
         self._next_fh += 1
-        self._dirs[fh] = sid
+        self._dirs[fh] = _Listing(sid)
         return fh
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         """A page at a time, in entry order: the offset of an entry is its id, so the next
-        call resumes after it however many names came or went meanwhile (keyset)."""
-        sid = self._dirs[fh]
+        call resumes after it however many names came or went meanwhile (keyset). The part
+        of a page the kernel had no room for is the next call's, unless the spool changed
+        meanwhile."""
+        listing = self._dirs[fh]
+        sid = listing.sid
         if sid == virtual.DIR:  # MOUNT/.spool/
             for i, (name, ino) in enumerate(list(virtual.FILES.items())[start_id:], start_id):
                 if not pyfuse3.readdir_reply(token, name, virtual.attr(ino), i + 1):
                     return
             return
         after = start_id
+        seen = self.spool.changes_seen()
+        kept = listing.resume(after, seen, monotonic())
+        now = listing.at  # a rest keeps the age of its page
         while True:
-            page = self.spool.r.page(sid, after, PAGE)
+            if kept is not None:
+                page, full = kept
+                kept = None
+            else:
+                page = self.spool.r.listing(sid, after, PAGE)
+                full = len(page) == PAGE
+                now = monotonic()
+            sent = 0
             for e in page:
                 if not pyfuse3.readdir_reply(token, e.name, self._attr(e), e.id):
-                    return
+                    break
                 self._counted(e.id)
                 after = e.id
-            if len(page) < PAGE:
-                return
+                sent += 1
+            if sent == len(page) and full:
+                continue
+            # kept: what had no room, or the end (the kernel asks once more, to be sure)
+            listing.rest, listing.full, listing.after = page[sent:], full, after
+            listing.seen, listing.at = seen, now
+            return
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

@@ -26,6 +26,11 @@ ENTRY_COLUMNS = (
 )  # fmt: skip
 
 
+#: what a listing reads of each entry: the fields of its attributes (``Entry.listed``)
+LISTED_COLUMNS = ("id", "parent", "name", "kind", "state", "hidden", "staged", "size", "mode",
+                  "uid", "gid", "mtime_ns", "ctime_ns", "atime_ns")
+
+
 @dataclass(slots=True)
 class Entry:
     id: int
@@ -67,6 +72,16 @@ class Entry:
         e.abandoned = bool(e.abandoned)
         return e
 
+    @classmethod
+    def listed(cls, row: Sequence[Any]) -> Entry:
+        """An entry as a listing reads it (``LISTED_COLUMNS``, then the blob's reference
+        count): what its attributes show; its queue fields are not read."""
+        (eid, parent, name, kind, state, hidden, staged, size, mode, uid, gid, mtime_ns,
+         ctime_ns, atime_ns, refs) = row
+        return cls(eid, parent, bytes(name), kind, None, State(state) if state else None,
+                   bool(hidden), None, bool(staged), size, mode, uid, gid, mtime_ns, ctime_ns,
+                   0, None, None, None, 0, None, None, None, None, False, None, atime_ns, refs)
+
     @property
     def is_message(self) -> bool:
         return self.kind == "message"
@@ -98,6 +113,11 @@ class ReadTx(abc.ABC):
         """Up to ``limit`` visible children of ``parent`` whose id is above ``after``, in id
         order (a listing read in pages: each costs what a page costs, however deep the
         directory, and names that come and go never shift the others)."""
+
+    def listing(self, parent: int, after: int, limit: int) -> list[Entry]:
+        """``page``, each entry read as a listing shows it (``Entry.listed``: half the
+        columns, so a page costs less to read; a directory listing reads nothing else)."""
+        return self.page(parent, after, limit)
 
     @abc.abstractmethod
     def has_children(self, parent: int) -> bool: ...

@@ -39,7 +39,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from spoolfs.core.errors import SpoolError, StoreFailure
 from spoolfs.core.rules import State
 from spoolfs.store import pg_schema as schema
-from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, WriteTx
+from spoolfs.store.base import ENTRY_COLUMNS, LISTED_COLUMNS, Blob, Entry, ReadTx, Store, WriteTx
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ SESSION = (f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
 
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
+_LISTED = (f"SELECT {', '.join(f'e.{c}' for c in LISTED_COLUMNS)}, b.refcount "
+           "FROM entries e LEFT JOIN blobs b ON b.id = e.blob")
 _BLOB = "SELECT id, sha256, size, refcount, data FROM blobs"
 #: errors that mean another transaction was in the way, not that the function is wrong
 _LOST = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -141,6 +143,11 @@ class PgRead(ReadTx):
     def page(self, parent: int, after: int, limit: int) -> list[Entry]:
         return self._entries(f"{_SEL} WHERE e.parent=%s AND e.id>%s AND e.hidden=0 "
                              "ORDER BY e.id LIMIT %s", (parent, after, limit))
+
+    def listing(self, parent: int, after: int, limit: int) -> list[Entry]:
+        return [Entry.listed(r) for r in self.q(
+            f"{_LISTED} WHERE e.parent=%s AND e.id>%s AND e.hidden=0 ORDER BY e.id LIMIT %s",
+            (parent, after, limit))]
 
     def has_children(self, parent: int) -> bool:
         return self.q1("SELECT 1 FROM entries WHERE parent=%s LIMIT 1", (parent,)) is not None

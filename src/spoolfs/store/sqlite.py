@@ -27,7 +27,16 @@ from spoolfs.blobs.layout import StoreLayout
 from spoolfs.core.errors import SpoolError, StoreFailure, StoreFull
 from spoolfs.core.rules import State
 from spoolfs.store import schema
-from spoolfs.store.base import ENTRY_COLUMNS, Blob, Entry, ReadTx, Store, StoreBusy, WriteTx
+from spoolfs.store.base import (
+    ENTRY_COLUMNS,
+    LISTED_COLUMNS,
+    Blob,
+    Entry,
+    ReadTx,
+    Store,
+    StoreBusy,
+    WriteTx,
+)
 from spoolfs.store.private import FILE_MODE, make_store_dir
 from spoolfs.store.reserve import FULL_ERRNOS, Reserve
 
@@ -36,6 +45,8 @@ log = logging.getLogger(__name__)
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 # The blob's reference count rides along: it is the message's link count.
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
+_LISTED = (f"SELECT {', '.join(f'e.{c}' for c in LISTED_COLUMNS)}, b.refcount "
+           "FROM entries e LEFT JOIN blobs b ON b.id = e.blob")
 _RET = ", ".join(ENTRY_COLUMNS)  # a new row, as INSERT ... RETURNING gives it back
 _BLOB = ENTRY_COLUMNS.index("blob")
 BUSY_TIMEOUT_MS = 30_000
@@ -96,6 +107,11 @@ class SqliteRead(ReadTx):
         rows = self.conn.execute(f"{_SEL} WHERE e.parent=? AND e.id>? AND e.hidden=0 "
                                  "ORDER BY e.id LIMIT ?", (parent, after, limit)).fetchall()
         return [Entry.from_row(r) for r in rows]
+
+    def listing(self, parent: int, after: int, limit: int) -> list[Entry]:
+        rows = self.conn.execute(f"{_LISTED} WHERE e.parent=? AND e.id>? AND e.hidden=0 "
+                                 "ORDER BY e.id LIMIT ?", (parent, after, limit)).fetchall()
+        return [Entry.listed(r) for r in rows]
 
     def has_children(self, parent: int) -> bool:
         return self.conn.execute("SELECT 1 FROM entries WHERE parent=? LIMIT 1",
