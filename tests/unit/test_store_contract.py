@@ -211,12 +211,16 @@ def test_a_listing_reads_what_the_attributes_show(store: Store) -> None:
     one(store, lambda tx: msg(tx, d.id, b"a", blob=bid, size=5, uid=7, gid=8, atime_ns=3))
     one(store, lambda tx: msg(tx, d.id, b"b", blob=bid, size=5, staged=1))
     one(store, lambda tx: msg(tx, d.id, b"hidden", hidden=1))
+    one(store, lambda tx: tx.insert(parent=d.id, name=b"sub", kind="queue", mode=0o40755,
+                                    mtime_ns=1, ctime_ns=1, created_ns=1))  # no state
     r = store.reader()
     whole, listed = r.page(d.id, 0, 10), r.listing(d.id, 0, 10)
-    assert [e.name for e in listed] == [b"a", b"b"]
+    assert [e.name for e in listed] == [b"a", b"b", b"sub"]
     for w, e in zip(whole, listed, strict=True):
         assert all(getattr(e, c) == getattr(w, c) for c in LISTED_COLUMNS)
-        assert e.refs == w.refs == 2 and e.state is State.READY
+        assert e.refs == w.refs
+    assert [e.refs for e in listed] == [2, 2, None]
+    assert [e.state for e in listed] == [State.READY, State.READY, None]
     assert r.listing(d.id, listed[0].id, 1)[0].name == b"b"
 
 

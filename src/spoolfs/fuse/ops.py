@@ -57,12 +57,16 @@ class _Listing:
     rest: list[Entry] = field(default_factory=list)
     full: bool = False  # the page was full: more may follow the rest
     after: int = -1
-    seen: int = -1
+    seen: int | None = None
     at: float = 0.0
 
-    def resume(self, after: int, seen: int, now: float) -> tuple[list[Entry], bool] | None:
-        """The rest, if it follows ``after`` and nothing changed since it was read."""
-        if after != self.after or seen != self.seen or now - self.at > REST_AGE:
+    def resume(self, after: int, seen: int | None, now: float
+               ) -> tuple[list[Entry], bool] | None:
+        """The rest, if it follows ``after`` and nothing changed since it was read (``seen``:
+        ``Spool.changes_seen``, None while a commit is under way)."""
+        if seen is None or after != self.after or seen != self.seen \
+                or now - self.at > REST_AGE:
+            self.rest, self.after = [], -1  # read again: nothing held for a handle left open
             return None
         return self.rest, self.full
 

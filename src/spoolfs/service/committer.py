@@ -88,6 +88,9 @@ class Committer:
         self._idle = trio.Event()
         self._stop = trio.Event()
         self.batches = 0
+        #: batches whose commit began: more than ``batches`` while one is under way (in a
+        #: worker thread, the loop answering meanwhile)
+        self.started = 0
         self.requests = 0
         self.syncs = 0
         self._committed = 0  # batches committed so far (deferred sync: a log position)
@@ -180,6 +183,7 @@ class Committer:
     async def _commit(self, batch: list[_Request]) -> None:
         durable = any(r.durable for r in batch) and not self.store.deferred_sync
         fns = [_recording(r.fn) for r in batch]
+        self.started += 1
         start = perf_counter_ns()
         try:
             if self.store.blocking:  # a database server: the loop keeps answering meanwhile

@@ -120,10 +120,12 @@ class SpoolCore:
         self._settling: dict[int, list[tuple[bytes, trio.Event]]] = {}
         self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
 
-    def changes_seen(self) -> int:
+    def changes_seen(self) -> int | None:
         """Grows with each commit of this daemon and each change of another host seen: what
-        was read from the store before it grew may be stale."""
-        return self.committer.batches + self.mode_changes
+        was read from the store before it grew may be stale. None while a commit of this
+        daemon is under way: a read meanwhile may or may not see it."""
+        c = self.committer
+        return None if c.started != c.batches else c.batches + self.mode_changes
 
     def changed_elsewhere(self, ids: list[int]) -> None:
         """Entries another host changed (service/follower.py): the kernel must ask again."""
