@@ -10,7 +10,7 @@ import pytest
 
 from spoolfs.core.errors import Exists
 from spoolfs.core.rules import State
-from spoolfs.store.base import LISTED_COLUMNS, Store, WriteTx
+from spoolfs.store.base import ENTRY_COLUMNS, LISTED_COLUMNS, Entry, Store, WriteTx
 from spoolfs.store.registry import open_store
 from spoolfs.store.sqlite import SqliteStore
 
@@ -243,3 +243,20 @@ def test_a_directory_counts_its_visible_subdirectories_only(store: Store) -> Non
     assert store.reader().subdirs(d) == 1
     assert [e.name for e in store.reader().subdirectories(d)] == [b"b"]
     assert store.reader().subdirs(a.id) == 0
+
+
+def test_a_rows_state_is_read_as_the_state_it_names() -> None:
+    """Every row read turns its state into a ``State`` (by a table: it is on every read);
+    a value no state has is refused as ``State`` refuses it."""
+    row = [1, 1, b"m", "message", 1, None, 0, None, 0, 0, 0o100644, 0, 0, 1, 1, 1, None,
+           None, None, 0, None, None, None, None, 0, None, None, None]
+    for s in State:
+        row[ENTRY_COLUMNS.index("state")] = s.value
+        assert Entry.from_row(row).state is s
+        listed = [row[ENTRY_COLUMNS.index(c)] for c in LISTED_COLUMNS] + [None]
+        assert Entry.listed(listed).state is s
+    row[ENTRY_COLUMNS.index("state")] = None
+    assert Entry.from_row(row).state is None
+    row[ENTRY_COLUMNS.index("state")] = "lost"
+    with pytest.raises(ValueError):
+        Entry.from_row(row)

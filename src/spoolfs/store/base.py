@@ -26,6 +26,18 @@ ENTRY_COLUMNS = (
 )  # fmt: skip
 
 
+_STATES = {s.value: s for s in State}
+
+
+def _state(value: str | None) -> State | None:
+    """A row's state (a dictionary's lookup: ``State(value)`` costs ten times more, on every
+    row read); ValueError for a value no state has, as ``State`` gives."""
+    if value is None:
+        return None
+    found = _STATES.get(value)
+    return found if found is not None else State(value)
+
+
 #: what a listing reads of each entry: the fields of its attributes (``Entry.listed``)
 LISTED_COLUMNS = ("id", "parent", "name", "kind", "state", "hidden", "staged", "size", "mode",
                   "uid", "gid", "mtime_ns", "ctime_ns", "atime_ns")
@@ -66,7 +78,7 @@ class Entry:
     def from_row(cls, row: Sequence[Any]) -> Entry:
         e = cls(*row)
         e.name = bytes(e.name)
-        e.state = State(e.state) if e.state is not None else None
+        e.state = _state(e.state)
         e.hidden = bool(e.hidden)
         e.staged = bool(e.staged)
         e.abandoned = bool(e.abandoned)
@@ -78,7 +90,7 @@ class Entry:
         count): what its attributes show; its queue fields are not read."""
         (eid, parent, name, kind, state, hidden, staged, size, mode, uid, gid, mtime_ns,
          ctime_ns, atime_ns, refs) = row
-        return cls(eid, parent, bytes(name), kind, None, State(state) if state else None,
+        return cls(eid, parent, bytes(name), kind, None, _state(state),
                    bool(hidden), None, bool(staged), size, mode, uid, gid, mtime_ns, ctime_ns,
                    0, None, None, None, 0, None, None, None, None, False, None, atime_ns, refs)
 
