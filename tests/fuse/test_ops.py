@@ -271,14 +271,10 @@ async def _list_in_replies(fs: Fs, fh: int, room: int) -> list[bytes]:
     """A whole listing, ``room`` entries per readdir (the kernel's buffer)."""
     seen: list[bytes] = []
     cookie = 0
-    while True:
-        fs.listing.replies.clear()
-        fs.listing.room = room
-        await fs.ops.readdir(fh, cookie, None)
-        if not fs.listing.replies:
-            return seen
-        seen += [name for name, _, _ in fs.listing.replies]
-        cookie = fs.listing.replies[-1][2]
+    while replies := await fs.readdir(fh, cookie, room):
+        seen += [name for name, _, _ in replies]
+        cookie = replies[-1][2]
+    return seen
 
 
 def _pages_read(fs: Fs, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -327,12 +323,10 @@ async def test_a_listing_reads_again_after_a_change_or_a_pause(
 
     async def three() -> list[bytes]:
         nonlocal cookie
-        fs.listing.replies.clear()
-        fs.listing.room = 3  # the kernel's buffer is full after three entries
-        await fs.ops.readdir(fh, cookie, None)
-        if fs.listing.replies:
-            cookie = fs.listing.replies[-1][2]
-        return [n for n, _, _ in fs.listing.replies]
+        replies = await fs.readdir(fh, cookie, 3)  # the kernel's buffer full after three
+        if replies:
+            cookie = replies[-1][2]
+        return [n for n, _, _ in replies]
 
     assert await three() == [b"m000", b"m001", b"m002"] and read == [12]
     assert await three() == [b"m003", b"m004", b"m005"] and read == [12]  # the rest
@@ -356,14 +350,9 @@ async def test_a_listing_keeps_nothing_read_while_a_commit_is_under_way(
     read = _pages_read(fs, monkeypatch)
     fh = await fs.ops.opendir(ready, Ctx())
     fs.spool.committer.started += 1  # as while a batch commits in its thread
-    fs.listing.room = 3
-    await fs.ops.readdir(fh, 0, None)
+    cookie = (await fs.readdir(fh, 0, 3))[-1][2]
     fs.spool.committer.started -= 1
-    cookie = fs.listing.replies[-1][2]
-    fs.listing.replies.clear()
-    fs.listing.room = 3
-    await fs.ops.readdir(fh, cookie, None)
-    assert [n for n, _, _ in fs.listing.replies] == [b"m003", b"m004", b"m005"]
+    assert [n for n, _, _ in await fs.readdir(fh, cookie, 3)] == [b"m003", b"m004", b"m005"]
     assert read == [6, 3]
     await fs.ops.releasedir(fh)
 

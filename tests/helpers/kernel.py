@@ -83,6 +83,14 @@ class Fs:
         finally:
             await self.ops.release(fi.fh)
 
+    async def readdir(self, fh: int, cookie: int, room: int) -> list[tuple[bytes, int, int]]:
+        """One readdir of open directory ``fh`` from ``cookie``, the kernel's buffer full
+        after ``room`` entries: the replies (name, inode, cookie)."""
+        self.listing.replies.clear()
+        self.listing.room = room
+        await self.ops.readdir(fh, cookie, None)
+        return list(self.listing.replies)
+
     async def names(self, ino: int) -> list[bytes]:
         self.listing.replies.clear()
         self.listing.room = 1 << 30
