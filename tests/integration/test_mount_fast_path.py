@@ -6,6 +6,7 @@ request counts (MOUNT/.spool/requests), never timed."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import mmap
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.mounts import Mount, MountFactory
-from helpers.procs import spoolfs_cli
+from helpers.procs import ok, spoolfs_cli
 from helpers.queues import Queue
 from helpers.waiting import wait_until
 
@@ -222,3 +223,23 @@ def test_uploads_take_staging_files_made_ahead(mounter: MountFactory, store: Pat
     assert (queue.partial / "f099").read_bytes() == b"made ahead\n"
     mount.umount()
     assert staging_files(store) == uploads
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["cp", "cp-then-dd"])
+def test_a_large_upload_is_addressed_by_what_it_holds(mount: Mount, queue: Queue,
+                                                      tmp_path: Path, rewrite: bool) -> None:
+    """A large upload is hashed while ``cp`` writes it (publishing then hashes only the rest);
+    rewritten in place before its ``mv`` (``dd conv=notrunc``), it is hashed again whole."""
+    data = bytearray(os.urandom(8 << 20))
+    ok("cp", queue.source(bytes(data)), queue.partial / "big")
+    if rewrite:
+        patch = tmp_path / "patch"
+        patch.write_bytes(b"d" * 4096)
+        ok("dd", f"if={patch}", f"of={queue.partial / 'big'}", "bs=4096", "seek=5",
+           "conv=notrunc", "status=none")
+        data[5 * 4096:6 * 4096] = b"d" * 4096
+    ok("mv", queue.partial / "big", queue.ready / "big")
+    digest = hashlib.sha256(data).hexdigest()
+    assert ok("getfattr", "--only-values", "-n", "user.spool.sha256",
+              queue.ready / "big").decode() == digest
+    assert ok("sha256sum", queue.ready / "big").decode().split()[0] == digest

@@ -4,6 +4,7 @@ second, and the store, not a kernel cache, decides who wins a claim."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -180,3 +181,27 @@ def test_upload_in_progress_shows_its_size_in_the_other_mount(mounter: MountFact
         os.close(fd)
     ok("mv", q.partial / "up", q.ready / "up")
     assert read(b.path / "q/ready/up") == b"x" * 1000 + b"y" * 500
+
+
+def test_a_large_upload_rewritten_through_the_other_mount_is_addressed_by_what_it_holds(
+        mounter: MountFactory, store: Path, tmp_path: Path) -> None:
+    """A's daemon hashes a large upload while ``cp`` writes it; B's daemon rewrites part of
+    it (``dd conv=notrunc``) before A's ``mv`` publishes it. The message's address is the
+    SHA-256 of what it holds, not of what A saw written."""
+    a = mounter(store, tmp_path / "a")
+    q = Queue.create(a.path, "q", tmp_path / "scratch")
+    b = mounter(store, tmp_path / "b")
+    data = bytearray(os.urandom(8 << 20))
+    ok("cp", q.source(bytes(data)), q.partial / "big")
+    patch = tmp_path / "patch"
+    patch.write_bytes(b"B" * (1 << 20))
+    theirs = b.path / "q/partial/big"
+    wait_until(lambda: theirs.exists(), timeout=PROPAGATION, alive=b.daemon_alive,
+               what="the upload to show in mount B")
+    ok("dd", f"if={patch}", f"of={theirs}", "bs=1M", "seek=2", "conv=notrunc", "status=none")
+    data[2 << 20:3 << 20] = b"B" * (1 << 20)
+    ok("mv", q.partial / "big", q.ready / "big")
+    digest = hashlib.sha256(data).hexdigest()
+    assert ok("getfattr", "--only-values", "-n", "user.spool.sha256",
+              q.ready / "big").decode() == digest
+    assert ok("sha256sum", q.ready / "big").decode().split()[0] == digest

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from helpers.spool import WHO, Q, content, copies, entries_read, upload  # noqa: E402
+from helpers.spool import WHO, Q, content, copies, entries_read, running, upload  # noqa: E402
+from helpers.waiting import patience, wait_until
+from spoolfs.blobs import running as running_module
+from spoolfs.blobs.files import CHUNK
 from spoolfs.core.errors import Exists, NotEmpty, NotFound, NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.service import content as content_module
@@ -360,3 +365,108 @@ async def test_an_upload_is_held_until_its_close_has_published_it(tmp_path: Path
     other_store.close()
     store.close()
     assert Fsck(str(tmp_path)).run() == []
+
+
+async def written(spool: Spool, d: int, name: bytes, data: bytes, piece: int = CHUNK) -> int:
+    """An upload written front to back in pieces, as ``cp`` writes (its writer closed it)."""
+    e, h = await spool.create(d, name, 0o644, WHO)
+    for at in range(0, len(data), piece):
+        spool.write(h, at, data[at:at + piece])
+    await spool.close(h, WHO)
+    return e.id
+
+
+def sha256_of(spool: Spool, entry_id: int) -> bytes:
+    blob = spool.r.blob(spool.get(entry_id).blob)  # type: ignore[arg-type]
+    assert blob is not None
+    return blob.sha256
+
+
+@pytest.fixture
+def hashed_from(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Where publishing began to hash each upload (0: the whole file; more: the running hash
+    had the rest, blobs/running.py)."""
+    starts: list[int] = []
+
+    def spy(hash_file: Any) -> Any:
+        def hashing(fd: int, h: Any = None, off: int = 0) -> tuple[bytes, int]:
+            starts.append(off)
+            return hash_file(fd, h, off)  # type: ignore[no-any-return]
+        return hashing
+
+    monkeypatch.setattr(content_module, "hash_file", spy(content_module.hash_file))
+    monkeypatch.setattr(running_module, "hash_file", spy(running_module.hash_file))
+    return starts
+
+
+async def test_a_large_upload_is_hashed_while_it_is_written(
+        env: tuple[Spool, Q], hashed_from: list[int]) -> None:
+    spool, q = env
+    data = os.urandom(6 * CHUNK + 5)
+    mid = await written(spool, q[State.PARTIAL], b"f", data)
+    running = spool.content._running[mid]
+    wait_until(lambda: running._hashed == 6 * CHUNK, what="the upload hashed ahead")
+    await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    assert hashed_from == [6 * CHUNK]
+    assert sha256_of(spool, mid) == hashlib.sha256(data).digest()
+    assert content(spool, mid) == data and spool.content._running == {}
+
+
+@pytest.mark.parametrize("change", ["rewrite", "resize"])
+async def test_an_upload_changed_by_another_daemon_is_hashed_as_it_stands(
+        tmp_path: Path, hashed_from: list[int], change: str) -> None:
+    """Two daemons of one embedded store: the second opens the first one's upload and
+    rewrites a part it had hashed, or cuts it, behind its running hash's back. Publishing
+    through the first hashes what the file holds."""
+    async with running(tmp_path) as spool, running(tmp_path) as other:
+        q = Q(spool, (await spool.mkdir(1, b"q", 0o755, WHO)).id)
+        data = bytearray(os.urandom(4 * CHUNK))
+        mid = await written(spool, q[State.PARTIAL], b"f", bytes(data))
+        running_hash = spool.content._running[mid]
+        wait_until(lambda: running_hash._hashed == 4 * CHUNK, what="the upload hashed ahead")
+        if change == "rewrite":
+            h = await other.open(mid, writable=True, truncate=False, who=WHO)
+            other.write(h, CHUNK, b"changed")
+            await other.close(h, WHO)
+            data[CHUNK:CHUNK + 7] = b"changed"
+        else:
+            await other.setattr(mid, size=3 * CHUNK, who=WHO)
+            del data[3 * CHUNK:]
+        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        assert hashed_from == [0]  # the whole file, not the head start
+        assert sha256_of(spool, mid) == hashlib.sha256(data).digest()
+        assert content(spool, mid) == data
+
+
+@pytest.mark.parametrize("change", ["rewrite", "resize", "reopen"])
+async def test_an_upload_changed_here_is_hashed_as_it_stands(
+        env: tuple[Spool, Q], hashed_from: list[int], change: str) -> None:
+    spool, q = env
+    data = bytearray(os.urandom(3 * CHUNK))
+    mid = await written(spool, q[State.PARTIAL], b"f", bytes(data))
+    h = await spool.open(mid, writable=True, truncate=False, who=WHO)
+    if change == "rewrite":  # a write not at the end
+        spool.write(h, 10, b"changed")
+        data[10:17] = b"changed"
+    elif change == "resize":
+        await spool.setattr(mid, size=2 * CHUNK + 1, who=WHO)
+        del data[2 * CHUNK + 1:]
+    else:  # reopened here and written at the end: the running hash goes on
+        spool.write(h, len(data), b"more")
+        data += b"more"
+    await spool.close(h, WHO)
+    await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    assert sha256_of(spool, mid) == hashlib.sha256(data).digest()
+    assert content(spool, mid) == data
+    assert (hashed_from[0] > 0) == (change == "reopen")
+
+
+async def test_a_removed_upload_leaves_no_running_hash(env: tuple[Spool, Q]) -> None:
+    spool, q = env
+    mid = await written(spool, q[State.PARTIAL], b"f", os.urandom(3 * CHUNK))
+    thread = spool.content._running[mid]._thread
+    await spool.unlink(q[State.PARTIAL], b"f", WHO)
+    assert spool.content._running == {}
+    if thread is not None:
+        thread.join(patience(10))
+        assert not thread.is_alive()

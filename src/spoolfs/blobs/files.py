@@ -34,10 +34,11 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def hash_file(fd: int) -> tuple[bytes, int]:
-    """SHA-256 and size of an open file, read from the start."""
-    h = hashlib.sha256()
-    off = 0
+def hash_file(fd: int, h: hashlib._Hash | None = None, off: int = 0) -> tuple[bytes, int]:
+    """SHA-256 and size of an open file, read from the start (or: ``h`` has hashed its
+    first ``off`` bytes; the rest is read from there)."""
+    if h is None:
+        h = hashlib.sha256()
     while True:
         chunk = os.pread(fd, CHUNK, off)
         if not chunk:

@@ -5,7 +5,6 @@ upload into ready/ is published when its last writer closes it).
 from __future__ import annotations
 
 import logging
-import os
 import stat
 from typing import Any
 
@@ -24,7 +23,7 @@ from spoolfs.core.rules import Action
 from spoolfs.core.transitions import Context, fields_of, transition
 from spoolfs.service import batches
 from spoolfs.service.batches import MEMBER, is_dir
-from spoolfs.service.content import Handle, staging_error
+from spoolfs.service.content import Handle
 from spoolfs.service.publishing import Publishing
 from spoolfs.service.roles import inherit, keeps_setid, setid_bits
 from spoolfs.service.spool_core import Who
@@ -78,6 +77,7 @@ class Uploads(Publishing):
                 named = not isinstance(err, SpoolError) or isinstance(err, StoreFailure)
                 self.staging_pool.unused(pooled[0], pooled[1], remove=not named)
             for h in made:  # rolled back: the file names no row (recovery removes it)
+                self.content.forget(h.entry_id)
                 h.close()
             raise
         if pooled is None:
@@ -141,13 +141,7 @@ class Uploads(Publishing):
 
     def truncate(self, e: Entry, size: int) -> None:
         """Resize an upload's staging file (its size is the file's: no transaction)."""
-        fd = self.content.staging.open(e.id, create=True)
-        try:
-            os.ftruncate(fd, size)
-        except OSError as err:
-            raise staging_error(err, f"resize of staging file {e.id}") from err
-        finally:
-            os.close(fd)
+        self.content.resize(e.id, size)
 
     def awaits_publish(self, h: Handle) -> bool:
         """Whether ``h`` writes an upload into ``ready/`` that has not appeared yet."""
