@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from helpers.spool import WHO, Q, content, copies, entries_read, running, upload  # noqa: E402
-from helpers.waiting import patience, wait_until
+from helpers.waiting import wait_until
 from spoolfs.blobs import running as running_module
 from spoolfs.blobs.files import CHUNK
 from spoolfs.core.errors import Exists, NotEmpty, NotFound, NotPermitted
@@ -444,6 +444,8 @@ async def test_an_upload_changed_here_is_hashed_as_it_stands(
     spool, q = env
     data = bytearray(os.urandom(3 * CHUNK))
     mid = await written(spool, q[State.PARTIAL], b"f", bytes(data))
+    running_hash = spool.content._running[mid]
+    wait_until(lambda: running_hash._hashed == 3 * CHUNK, what="the upload hashed ahead")
     h = await spool.open(mid, writable=True, truncate=False, who=WHO)
     if change == "rewrite":  # a write not at the end
         spool.write(h, 10, b"changed")
@@ -462,11 +464,12 @@ async def test_an_upload_changed_here_is_hashed_as_it_stands(
 
 
 async def test_a_removed_upload_leaves_no_running_hash(env: tuple[Spool, Q]) -> None:
+    """Nor a thread that holds its file: the space of a removed upload is free once ``rm``
+    returns (a full disk's way out)."""
     spool, q = env
     mid = await written(spool, q[State.PARTIAL], b"f", os.urandom(3 * CHUNK))
     thread = spool.content._running[mid]._thread
+    assert thread is not None
     await spool.unlink(q[State.PARTIAL], b"f", WHO)
     assert spool.content._running == {}
-    if thread is not None:
-        thread.join(patience(10))
-        assert not thread.is_alive()
+    assert not thread.is_alive()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from helpers.waiting import wait_until
 from spoolfs.blobs import running as running_module
 from spoolfs.blobs.files import CHUNK
-from spoolfs.blobs.running import REOPENED, RunningHash, mark_reopened
+from spoolfs.blobs.running import REOPENED, RunningHash, keeps_marks, mark_reopened
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def write(fd: int, running: RunningHash, off: int, data: bytes) -> None:
 
 
 def digest(fd: int, running: RunningHash) -> tuple[bytes, int] | None:
-    return running.digest(fd, os.fstat(fd).st_mode)
+    return running.digest(fd, os.fstat(fd))
 
 
 @pytest.fixture
@@ -114,9 +115,12 @@ def test_an_idle_thread_ends_and_a_later_write_starts_another(
     running = RunningHash(path)
     data = os.urandom(4 * CHUNK)
     write(fd, running, 0, data[:2 * CHUNK])
+    first = running._thread
     wait_until(lambda: running._thread is None, what="the idle thread to end")
-    assert running._hashed == 2 * CHUNK
+    assert first is not None and running._hashed == 2 * CHUNK
     write(fd, running, 2 * CHUNK, data[2 * CHUNK:])
+    assert running._thread not in (None, first)
+    wait_until(lambda: running._hashed == 4 * CHUNK, what="the second thread to hash")
     assert digest(fd, running) == (hashlib.sha256(data).digest(), len(data))
 
 
@@ -129,3 +133,48 @@ def test_a_dropped_hash_stops_its_thread(staged: tuple[str, int]) -> None:
     running.drop()
     thread.join(10)
     assert not thread.is_alive() and digest(fd, running) is None
+
+
+def test_a_file_cut_after_it_was_hashed_is_hashed_again(
+        staged: tuple[str, int], rest_hashed: list[int]) -> None:
+    path, fd = staged
+    running = RunningHash(path)
+    write(fd, running, 0, os.urandom(3 * CHUNK))
+    wait_until(lambda: running._hashed == 3 * CHUNK, what="the upload hashed ahead")
+    os.ftruncate(fd, 2 * CHUNK)  # unseen by the hash
+    assert digest(fd, running) is None
+
+
+def test_another_file_at_the_path_is_not_the_one_hashed(
+        staged: tuple[str, int], tmp_path: Path) -> None:
+    path, fd = staged
+    running = RunningHash(path)
+    data = os.urandom(2 * CHUNK)
+    write(fd, running, 0, data)
+    wait_until(lambda: running._hashed == 2 * CHUNK, what="the upload hashed ahead")
+    os.unlink(path)
+    other = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.pwrite(other, data[:CHUNK] + b"x" * CHUNK, 0)
+        assert running.digest(other, os.fstat(other)) is None
+    finally:
+        os.close(other)
+
+
+def test_no_thread_to_be_had_leaves_the_write_done_and_the_hash_to_publish(
+        staged: tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    path, fd = staged
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    running = RunningHash(path)
+    write(fd, running, 0, os.urandom(2 * CHUNK))
+    assert running.broken and running._thread is None and digest(fd, running) is None
+
+
+def test_a_directory_that_keeps_the_mark(tmp_path: Path) -> None:
+    assert keeps_marks(str(tmp_path))
+    assert os.listdir(tmp_path) == []  # the probe left nothing
+    assert not keeps_marks(str(tmp_path / "missing"))

@@ -10,11 +10,14 @@ only what the thread has not reached yet.
 The running hash is only a head start: it is used only when every byte of the file is known
 to have been hashed as it stands. Writes through this daemon report themselves (``wrote``);
 one that does not continue where the last ended (a rewrite, a hole), or a failed one, breaks
-the hash. Anything else that changes the file breaks it too: a resize, and any other opening
-for writing, by this daemon or another one of the store, which sets ``REOPENED`` in the
-file's mode first (a bit the file's use ignores: the sticky bit of a regular file). A broken
-hash, or one of a file whose mode carries the mark, is dropped; publishing then hashes the
-whole file, as without it.
+the hash. Anything else that changes the file breaks it too: a resize, and an opening for
+writing that does not share this hash (another daemon's of the store, or this one's once
+the hash is gone), which sets ``REOPENED`` in the file's mode first (a bit the file's use
+ignores: the sticky bit of a regular file). A broken hash, or one of a file whose mode
+carries the mark, or that is no longer the file the thread read, or shorter than was
+written, is dropped; publishing then hashes the whole file, as without it. Where the
+staging directory's file system does not keep the mark (``keeps_marks``), no daemon of the
+store hashes ahead.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import tempfile
 import threading
 
 from spoolfs.blobs.files import CHUNK, hash_file
@@ -33,6 +37,23 @@ START = 1 << 20
 REOPENED = stat.S_ISVTX
 #: a thread with nothing to hash for this long ends (a new write starts another)
 IDLE_S = 1.0
+
+
+def keeps_marks(directory: str) -> bool:
+    """Whether files in ``directory`` keep ``REOPENED`` once it is set (a file system that
+    ignores a chmod would let another daemon's writes go unseen)."""
+    try:
+        fd, path = tempfile.mkstemp(dir=directory, prefix=".mark-")
+    except OSError:
+        return False
+    try:
+        os.unlink(path)
+        os.fchmod(fd, 0o600 | REOPENED)
+        return bool(os.fstat(fd).st_mode & REOPENED)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def mark_reopened(fd: int) -> None:
@@ -47,7 +68,7 @@ class RunningHash:
     """The hash of the file at ``path`` as far as it has been written from its start."""
 
     __slots__ = ("path", "end", "broken", "_hashed", "_woken", "_hash", "_cond", "_thread",
-                 "_stop")
+                 "_stop", "_file")
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -60,6 +81,7 @@ class RunningHash:
         self._cond: threading.Condition | None = None
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._file: tuple[int, int] | None = None  # device and inode the thread read
 
     def wrote(self, off: int, n: int) -> None:
         """``n`` bytes were written at ``off`` (the event loop: no waiting but for a lock)."""
@@ -77,35 +99,51 @@ class RunningHash:
             with self._cond:
                 if self._stop:
                     return
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="spoolfs-hash",
-                                                    daemon=True)
-                    self._thread.start()
-                else:
+                if self._thread is not None:
                     self._cond.notify()
+                    return
+                thread = threading.Thread(target=self._run, name="spoolfs-hash", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had: hashed at publish
+                    self.broken = self._stop = True
+                    return
+                self._thread = thread
 
-    def drop(self) -> None:
-        """Give up: the file changed other than by writes at its end (or is gone)."""
+    def _halt(self) -> threading.Thread | None:
+        """Have the thread stop after its chunk: the thread to join, if any."""
+        if self._cond is None:
+            return None
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+            return self._thread
+
+    def drop(self, wait: bool = False) -> None:
+        """Give up: the file changed other than by writes at its end. ``wait``: until the
+        thread has let go of the file (removed, its space is free once ``rm`` returns; a
+        thread in the middle of a chunk takes a few ms more)."""
         self.broken = True
-        if self._cond is not None:
-            with self._cond:
-                self._stop = True
-                self._cond.notify()
+        thread = self._halt()
+        if wait and thread is not None:
+            thread.join()
 
-    def digest(self, fd: int, mode: int) -> tuple[bytes, int] | None:
-        """SHA-256 and size of the whole file, open on ``fd`` (``mode``: its mode now),
-        hashing only what the thread has not; None if the hash is broken or the file was
-        marked reopened, or nothing was hashed ahead (a small upload). Blocking (a worker
-        thread); the hash cannot be used again."""
-        if self._cond is not None:
-            with self._cond:  # the thread stops after its chunk: the rest is hashed here
-                self._stop = True
-                self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
-        usable = not self.broken and self._hash is not None and not mode & REOPENED
+    def digest(self, fd: int, st: os.stat_result) -> tuple[bytes, int] | None:
+        """SHA-256 and size of the whole file, open on ``fd`` (``st``: its status now),
+        hashing only what the thread has not; None if the hash is broken, the file was marked
+        reopened, is not the one the thread read, or is shorter than was written, or if
+        nothing was hashed ahead (a small upload). Blocking (a worker thread); the hash
+        cannot be used again."""
+        thread = self._halt()
+        if thread is not None:
+            thread.join()
+        usable = (not self.broken and self._hash is not None and not st.st_mode & REOPENED
+                  and self._file == (st.st_dev, st.st_ino) and st.st_size >= self.end)
         self.broken = True  # used up
-        return hash_file(fd, self._hash, self._hashed) if usable else None
+        if not usable:
+            return None
+        sha, size = hash_file(fd, self._hash, self._hashed)
+        return (sha, size) if os.fstat(fd).st_size == size else None
 
     def _run(self) -> None:
         cond, hashing = self._cond, self._hash
@@ -116,6 +154,12 @@ class RunningHash:
             self.broken = True
             return
         try:
+            st = os.fstat(fd)
+            if self._file is None:
+                self._file = (st.st_dev, st.st_ino)
+            elif self._file != (st.st_dev, st.st_ino):  # after an idle end: another file
+                self.broken = True
+                return
             while True:
                 with cond:
                     while self._hashed + CHUNK > self.end and not self._stop:

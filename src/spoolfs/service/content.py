@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import cast
 
 from spoolfs.blobs import StagingDir, hash_file
 from spoolfs.blobs.base import BlobStore
-from spoolfs.blobs.running import RunningHash, mark_reopened
+from spoolfs.blobs.running import RunningHash, keeps_marks, mark_reopened
 from spoolfs.blobs.writeback import STEP, WRITEBACK
 from spoolfs.core.errors import NoSpace, NotPermitted, SpoolError, StoreFailure, TooLarge
 from spoolfs.store.base import Entry, ReadTx, WriteTx
@@ -153,8 +154,12 @@ class Content:
         #: content up to this size lives in the metadata store (the embedded one); a store
         #: shared by several hosts keeps all content in its blob store (0)
         self.inline_max = inline_max
-        #: uploads written here since made, by id, each with its content hashed so far
-        self._running: dict[int, RunningHash] = {}
+        #: uploads written here since made, by id, each with its content hashed so far (an
+        #: OrderedDict: the oldest leaves in one call, whatever a worker thread does meanwhile)
+        self._running: OrderedDict[int, RunningHash] = OrderedDict()
+        #: whether uploads are hashed while written (blobs/running.py): the staging files
+        #: keep the mark that tells another daemon's running hash of a writer it cannot see
+        self.hashes_ahead = keeps_marks(staging.root)
 
     def open(self, r: ReadTx, entry: Entry, writable: bool) -> Handle:
         if entry.staged:
@@ -167,7 +172,7 @@ class Content:
                 # Marks the upload as in progress for recovery run by another daemon.
                 fcntl.flock(fd, fcntl.LOCK_SH)
                 h.running = self._running.get(entry.id)
-                if h.running is None:  # no running hash here may miss its writes
+                if h.running is None and self.hashes_ahead:  # none may miss its writes
                     try:
                         mark_reopened(fd)
                     except OSError as e:
@@ -203,16 +208,21 @@ class Content:
         except OSError as e:
             raise staging_error(e, f"staging file of {entry_id}") from e
         h = Handle(entry_id, fd, None, True, sealed=False)
-        if len(self._running) >= RUNNING_MAX:
-            self.forget(next(iter(self._running)))
-        h.running = self._running[entry_id] = RunningHash(self.staging.path(entry_id))
+        if self.hashes_ahead:
+            if len(self._running) >= RUNNING_MAX:
+                try:
+                    self._running.popitem(last=False)[1].drop()
+                except KeyError:  # emptied meanwhile
+                    pass
+            h.running = self._running[entry_id] = RunningHash(self.staging.path(entry_id))
         return h
 
     def forget(self, entry_id: int) -> None:
-        """Drop the running hash of an upload (published, removed, resized, rolled back)."""
+        """Drop the running hash of an upload (removed, resized, rolled back), once its
+        thread has let go of the file."""
         running = self._running.pop(entry_id, None)
         if running is not None:
-            running.drop()
+            running.drop(wait=True)
 
     def resize(self, entry_id: int, size: int) -> None:
         """Resize an upload's staging file (its size is the file's: no transaction)."""
@@ -222,7 +232,8 @@ class Content:
         except OSError as err:
             raise staging_error(err, f"resize of staging file {entry_id}") from err
         try:
-            mark_reopened(fd)  # a running hash of another daemon may not miss it either
+            if self.hashes_ahead:  # a running hash of another daemon may not miss it either
+                mark_reopened(fd)
             os.ftruncate(fd, size)
         except OSError as err:
             raise staging_error(err, f"resize of staging file {entry_id}") from err
@@ -250,7 +261,7 @@ class Content:
                                   small, path)
             overlap = st.st_size >= max(OVERLAP_MIN, self.inline_max + 1)
             with _syncing(fd) if overlap else nullcontext():
-                ahead = running.digest(fd, st.st_mode) if running is not None else None
+                ahead = running.digest(fd, st) if running is not None else None
                 sha, size = ahead if ahead is not None else hash_file(fd)
             data = os.pread(fd, size, 0) if size <= self.inline_max else None
             if data is None and not overlap:
