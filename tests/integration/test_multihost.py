@@ -6,6 +6,7 @@ by itself (DESIGN §6 "Multi-host")."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 from collections import Counter
 from pathlib import Path
@@ -66,6 +67,15 @@ def test_two_hosts_one_database(mounter: MountFactory, pg_url: str, blobs_at: st
                alive=a.daemon_alive, what="a claim through B to show in A")
     ok("mv", q.working / "w1/first", q.success)
 
+    big = q.publish("big", os.urandom(6 << 20))  # hashed while cp writes it (blobs/running.py)
+    wait_until(lambda: ls(qb.ready) == ["big"], timeout=PROPAGATION, alive=b.daemon_alive,
+               what="a large publish through host A to show on host B")
+    assert ok("getfattr", "--only-values", "-n", "user.spool.sha256",
+              qb.ready / "big").decode() == hashlib.sha256(big).hexdigest()
+    assert read(qb.ready / "big") == big
+    ok("mv", qb.ready / "big", qb.consumer("w1"))
+    ok("mv", qb.working / "w1/big", qb.success)
+
     names = [f"m{i:03d}" for i in range(150)]
     src = tmp_path / "src"
     src.mkdir()
@@ -83,7 +93,7 @@ def test_two_hosts_one_database(mounter: MountFactory, pg_url: str, blobs_at: st
 
     # all content in the blob store, none in the database
     s3 = request.getfixturevalue("s3_server") if blobs.startswith("s3://") else None
-    assert stored_objects(blobs, s3) == len(names) + 1
+    assert stored_objects(blobs, s3) == len(names) + 2
     a.umount()
     b.umount()
     fsck_clean(pg_url)
