@@ -463,9 +463,11 @@ async def test_an_upload_changed_here_is_hashed_as_it_stands(
     assert (hashed_from[0] > 0) == (change == "reopen")
 
 
-async def test_a_removed_upload_leaves_no_running_hash(env: tuple[Spool, Q]) -> None:
+async def test_a_removed_upload_leaves_no_running_hash(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
     """Nor a thread that holds its file: the space of a removed upload is free once ``rm``
     returns (a full disk's way out)."""
+    monkeypatch.setattr(running_module, "IDLE_S", 3600.0)  # the thread waits for more writes
     spool, q = env
     mid = await written(spool, q[State.PARTIAL], b"f", os.urandom(3 * CHUNK))
     thread = spool.content._running[mid]._thread
