@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import trio
 
 from helpers.spool import WHO, Q, content, copies, entries_read, running, upload  # noqa: E402
-from helpers.waiting import wait_until
+from helpers.waiting import patience, wait_until
 from spoolfs.blobs import running as running_module
 from spoolfs.blobs.files import CHUNK
 from spoolfs.core.errors import Exists, NotEmpty, NotFound, NotPermitted
@@ -475,3 +476,53 @@ async def test_a_removed_upload_leaves_no_running_hash(
     await spool.unlink(q[State.PARTIAL], b"f", WHO)
     assert spool.content._running == {}
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("how", ["write", "truncate"])
+@pytest.mark.parametrize("seals", ["mv", "ln"])
+async def test_an_upload_opened_while_its_publish_seals_it_is_not_written_after(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch, how: str, seals: str) -> None:
+    """``mv partial/f ready/`` (or ``ln partial/f ready/g``) seals f in a worker thread, then
+    commits; another process opening f for writing (or truncating it) meanwhile waits for it
+    and is refused as for any published message. It must not write into the sealed bytes,
+    which become the message's blob file. (The kernel's rename locks partial/ against a
+    lookup of f meanwhile; its link does not, and an NFS server opens by handle.)"""
+    spool, q = env
+    data = os.urandom(2 * CHUNK)
+    mid = await written(spool, q[State.PARTIAL], b"f", data)
+    started, release = threading.Event(), threading.Event()
+    seal = spool.content.seal
+
+    def slow_seal(entry_id: int) -> Any:
+        started.set()
+        release.wait(patience(10))
+        return seal(entry_id)
+
+    monkeypatch.setattr(spool.content, "seal", slow_seal)
+    refused: list[BaseException] = []
+
+    async def writer() -> None:
+        try:
+            if how == "write":
+                h = await spool.open(mid, writable=True, truncate=False, who=WHO)
+                spool.write(h, 0, b"late")
+                await spool.close(h, WHO)
+            else:
+                await spool.setattr(mid, size=10, who=WHO)
+        except NotPermitted as e:
+            refused.append(e)
+
+    async with trio.open_nursery() as n:
+        if seals == "mv":
+            n.start_soon(spool.rename, q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        else:
+            n.start_soon(spool.link, mid, q[State.READY], b"g", WHO)
+        while not started.is_set():
+            await trio.sleep(0.001)
+        n.start_soon(writer)
+        await trio.sleep(0.05)  # the writer's open runs while the seal is under way
+        release.set()
+    assert refused, "a writer opened the upload while its publish sealed it"
+    assert spool.get(mid).state is (State.READY if seals == "mv" else State.PARTIAL)
+    assert content(spool, mid) == data
+    assert sha256_of(spool, mid) == hashlib.sha256(data).digest()

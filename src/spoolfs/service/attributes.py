@@ -36,6 +36,7 @@ class Attributes(Directories):
         copy, and would report a publish that worked as a failure)."""
         e = self.get(entry_id)
         if size is not None:
+            e = await self.unsealed(e)
             if e.kind in ("message", MEMBER):
                 self._check_modify(e)
             self.truncate(e, size)

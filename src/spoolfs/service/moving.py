@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 from spoolfs.core import lifecycle as L
 from spoolfs.core import rules
@@ -17,7 +18,7 @@ from spoolfs.core.errors import (
     NotPermitted,
 )
 from spoolfs.core.names import check_ident, check_message_name
-from spoolfs.core.rules import Action, DirKind
+from spoolfs.core.rules import Action, DirKind, State
 from spoolfs.core.transitions import Context
 from spoolfs.service import batches
 from spoolfs.service.batches import MEMBER, is_batch, is_dir
@@ -65,9 +66,11 @@ class Moving(Uploads):
         seals_nfs = action is Action.PUBLISH and not defer and src.id in self._nfs
         if seals_nfs:
             self._nfs_published(src.id)
+        seals = action is Action.PUBLISH and not defer and (src.staged or is_batch(src))
         try:
-            return await self._rename_message(src, d, action, defer, parent, name, new_parent,
-                                              new_name, flags, who)
+            with self.sealing(src.id) if seals else nullcontext():
+                return await self._rename_message(src, d, action, defer, parent, name,
+                                                  new_parent, new_name, flags, who)
         except BaseException:
             if seals_nfs:
                 self._nfs_published(src.id, False)
@@ -234,6 +237,11 @@ class Moving(Uploads):
         self.guard.check(self.policies.of(d.queue))
         if src.staged and self._writers.get(src.id, 0) > 0:
             raise NotPermitted("an upload still open for writing cannot be linked")
+        with self.sealing(src.id) if src.staged else nullcontext():
+            return await self._link(src, d, dst_state, action, new_parent, new_name, who)
+
+    async def _link(self, src: Entry, d: Entry, dst_state: State, action: Action,
+                    new_parent: int, new_name: bytes, who: Who) -> Entry:
         sealed = await self._seal(src) if src.staged else None
         now = self.clock()
         left: list[bool] = []

@@ -5,6 +5,8 @@ DESIGN §5), uploads refused because their writer did not finish.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import trio
@@ -23,7 +25,7 @@ from spoolfs.core.names import is_staging_name
 from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context
 from spoolfs.service import batches
-from spoolfs.service.batches import is_batch
+from spoolfs.service.batches import MEMBER, is_batch
 from spoolfs.service.content import Sealed
 from spoolfs.service.moves import apply, make, place
 from spoolfs.service.spool_core import SpoolCore, Who, free_name
@@ -146,7 +148,37 @@ class Publishing(SpoolCore):
                 return
             await pending.wait()
 
+    @contextmanager
+    def sealing(self, entry_id: int) -> Iterator[None]:
+        """While an upload (or a batch: all its files) is sealed and attached by a publish or
+        a link: sealed bytes become the message's blob file, so nothing may write them. A
+        writer opening it (or a resize) meanwhile waits (``unsealed``), then finds it
+        published (refused) or, if the publish failed, still an upload."""
+        done = trio.Event()
+        self._sealing[entry_id] = done
+        try:
+            yield
+        finally:
+            if self._sealing.get(entry_id) is done:
+                del self._sealing[entry_id]
+            done.set()
+
+    async def unsealed(self, e: Entry) -> Entry:
+        """``e`` as it is once no publish or link is sealing it (or its batch)."""
+        while self._sealing:
+            ids = (e.id, batches.root_of(self.r, e).id) if e.kind == MEMBER else (e.id,)
+            pending = next((self._sealing[i] for i in ids if i in self._sealing), None)
+            if pending is None:
+                break
+            await pending.wait()
+            e = self.get(e.id)
+        return e
+
     async def _publish_hidden(self, e: Entry, who: Who) -> None:
+        with self.sealing(e.id):
+            await self._publish_sealed(e, who)
+
+    async def _publish_sealed(self, e: Entry, who: Who) -> None:
         sealed = await self._seal(e)
         now = self.clock()
 

@@ -118,6 +118,9 @@ class SpoolCore:
         self.mode_changes = 0
         #: dir id -> (name, done) of the uploads being published into it
         self._settling: dict[int, list[tuple[bytes, trio.Event]]] = {}
+        #: uploads (and batches) a publish or a link is sealing, until its transaction ends:
+        #: a writer opening one meanwhile waits (``Publishing.unsealed``)
+        self._sealing: dict[int, trio.Event] = {}
         self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
 
     def changes_seen(self) -> int | None:

@@ -117,6 +117,7 @@ class Uploads(Publishing):
         if e.kind not in ("message", MEMBER) or is_dir(e):
             raise IsADirectory()
         if writable or truncate:
+            e = await self.unsealed(e)
             try:
                 self._check_modify(e)
             except NotPermitted:
