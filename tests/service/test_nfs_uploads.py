@@ -111,3 +111,26 @@ async def test_the_server_may_open_published_content_for_writing_but_not_write(
         spool.write(served, 0, b"changed")
     await spool.close(served, Who())
     assert content(spool, e.id) == b"sealed"
+
+
+@pytest.mark.parametrize("how", ["ln", "batch"])
+async def test_a_link_or_a_batch_publish_stops_the_servers_writes(
+        env: tuple[Spool, Q], how: str) -> None:
+    """``ln partial/f ready/g`` seals f, and ``mv partial/b1 ready/`` every file of b1: the
+    server's descriptors on them write no more, as after a rename of f itself. A late write
+    would land in the bytes the message's content was sealed from."""
+    spool, q = env
+    if how == "ln":
+        e, h = await spool.create(q[State.PARTIAL], b"f", 0o644, NFS)
+    else:
+        b1 = await spool.mkdir(q[State.PARTIAL], b"b1", 0o755, WHO)
+        e, h = await spool.create(b1.id, b"f", 0o644, NFS)
+    spool.write(h, 0, b"all of it")
+    if how == "ln":
+        await spool.link(e.id, q[State.READY], b"g", WHO)
+    else:
+        await spool.rename(q[State.PARTIAL], b"b1", q[State.READY], b"b1", 0, WHO)
+    with pytest.raises(NotPermitted):  # refused, never lost
+        spool.write(h, 9, b"more")
+    assert content(spool, e.id) == b"all of it"
+    await spool.close(h, Who())

@@ -19,6 +19,7 @@ from spoolfs.blobs import running as running_module
 from spoolfs.blobs.files import CHUNK
 from spoolfs.core.errors import Exists, NotEmpty, NotFound, NotPermitted
 from spoolfs.core.rules import State
+from spoolfs.service import batches
 from spoolfs.service import content as content_module
 from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
@@ -521,8 +522,67 @@ async def test_an_upload_opened_while_its_publish_seals_it_is_not_written_after(
             await trio.sleep(0.001)
         n.start_soon(writer)
         await trio.sleep(0.05)  # the writer's open runs while the seal is under way
+        assert not refused  # waiting, not refused before the publish
         release.set()
     assert refused, "a writer opened the upload while its publish sealed it"
     assert spool.get(mid).state is (State.READY if seals == "mv" else State.PARTIAL)
     assert content(spool, mid) == data
     assert sha256_of(spool, mid) == hashlib.sha256(data).digest()
+
+
+@pytest.mark.parametrize("made", ["file", "directory"])
+async def test_nothing_is_made_in_a_batch_while_its_publish_seals_it(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch, made: str) -> None:
+    """``mv partial/b1 ready/`` seals every file of b1, then commits; a file or directory
+    made in b1 meanwhile waits, then is refused (the batch is published, immutable): made
+    after the walk, it would be published unsealed."""
+    spool, q = env
+    b1 = await spool.mkdir(q[State.PARTIAL], b"b1", 0o755, WHO)
+    data = os.urandom(2 * CHUNK)
+    await written(spool, b1.id, b"f", data)
+    started, release = threading.Event(), threading.Event()
+    seal = spool.content.seal
+
+    def slow_seal(entry_id: int) -> Any:
+        started.set()
+        release.wait(patience(10))
+        return seal(entry_id)
+
+    monkeypatch.setattr(spool.content, "seal", slow_seal)
+    refused: list[BaseException] = []
+
+    async def maker() -> None:
+        try:
+            if made == "file":
+                e, h = await spool.create(b1.id, b"late", 0o644, WHO)
+                await spool.close(h, WHO)
+            else:
+                await spool.mkdir(b1.id, b"late", 0o755, WHO)
+        except NotPermitted as e:
+            refused.append(e)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(spool.rename, q[State.PARTIAL], b"b1", q[State.READY], b"b1", 0, WHO)
+        while not started.is_set():
+            await trio.sleep(0.001)
+        n.start_soon(maker)
+        await trio.sleep(0.05)  # the maker runs while the seal is under way
+        assert not refused  # waiting, not refused before the publish
+        release.set()
+    assert refused, "something was made in a batch while its publish sealed it"
+    assert [m.name for m in spool.listdir(b1.id)] == [b"f"]
+    assert not any(m.staged for m in batches.walk(spool.r, spool.get(b1.id)))
+
+
+async def test_two_sealings_of_one_upload_each_hold_writers_back(env: tuple[Spool, Q]) -> None:
+    """A link and a publish may seal one upload at once: the one that ends first leaves the
+    other's hold in place."""
+    spool, q = env
+    mid = await upload(spool, q[State.PARTIAL], b"f", b"x")
+    first = spool.sealing(mid)
+    first.__enter__()
+    with spool.sealing(mid):
+        pass
+    assert mid in spool._sealing
+    first.__exit__(None, None, None)
+    assert mid not in spool._sealing

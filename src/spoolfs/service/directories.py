@@ -17,7 +17,6 @@ from spoolfs.core.errors import (
 from spoolfs.core.names import check_ident, check_message_name
 from spoolfs.core.rules import Action, DirKind, State
 from spoolfs.core.transitions import Context
-from spoolfs.service import batches
 from spoolfs.service.batches import MEMBER, is_dir
 from spoolfs.service.moves import make
 from spoolfs.service.moving import Moving
@@ -67,7 +66,7 @@ class Directories(Moving):
         else:
             if not is_dir(p):
                 raise NotADirectory()
-            fields = dict(kind=MEMBER, queue=batches.check_mutable(self.r, p).queue)
+            fields = dict(kind=MEMBER, queue=(await self.mutable_batch(p)).queue)
         now = self.clock()
         gid, perm = inherit(p, who.gid, mode, is_dir=True)
 

@@ -63,18 +63,28 @@ class Moving(Uploads):
         defer = action is Action.PUBLISH and self._writers.get(src.id, 0) > 0
         # an NFS server's descriptors write no more once its client renamed the file in: the
         # client wrote everything first (uploads.py)
-        seals_nfs = action is Action.PUBLISH and not defer and src.id in self._nfs
-        if seals_nfs:
-            self._nfs_published(src.id)
         seals = action is Action.PUBLISH and not defer and (src.staged or is_batch(src))
+        stopped = self._nfs_stopped(src) if seals else []
         try:
             with self.sealing(src.id) if seals else nullcontext():
                 return await self._rename_message(src, d, action, defer, parent, name,
                                                   new_parent, new_name, flags, who)
         except BaseException:
-            if seals_nfs:
-                self._nfs_published(src.id, False)
+            for i in stopped:
+                self._nfs_published(i, False)
             raise
+
+    def _nfs_stopped(self, src: Entry) -> list[int]:
+        """An upload (or a batch's files) about to be sealed: an NFS server's descriptors on
+        it write no more (its client wrote everything first). The ids whose descriptors were
+        stopped, to start again if the sealing fails."""
+        if not self._nfs:
+            return []
+        ids = [m.id for m in batches.walk(self.r, src)] if is_batch(src) else [src.id]
+        stopped = [i for i in ids if i in self._nfs]
+        for i in stopped:
+            self._nfs_published(i)
+        return stopped
 
     async def _rename_message(self, src: Entry, d: Entry, action: Action, defer: bool,
                               parent: int, name: bytes, new_parent: int, new_name: bytes,
@@ -153,7 +163,7 @@ class Moving(Uploads):
     async def _rename_member(self, e: Entry, parent: int, new_parent: int, new_name: bytes,
                              flags: int) -> None:
         """Inside a batch being built in partial/, files and directories move freely."""
-        root = batches.check_mutable(self.r, e)
+        root = await self.mutable_batch(e)
         d = self.get(new_parent)
         if d.kind not in ("message", MEMBER) or not is_dir(d) or \
                 batches.root_of(self.r, d).id != root.id:
@@ -237,8 +247,14 @@ class Moving(Uploads):
         self.guard.check(self.policies.of(d.queue))
         if src.staged and self._writers.get(src.id, 0) > 0:
             raise NotPermitted("an upload still open for writing cannot be linked")
-        with self.sealing(src.id) if src.staged else nullcontext():
-            return await self._link(src, d, dst_state, action, new_parent, new_name, who)
+        stopped = self._nfs_stopped(src) if src.staged else []
+        try:
+            with self.sealing(src.id) if src.staged else nullcontext():
+                return await self._link(src, d, dst_state, action, new_parent, new_name, who)
+        except BaseException:
+            for i in stopped:
+                self._nfs_published(i, False)
+            raise
 
     async def _link(self, src: Entry, d: Entry, dst_state: State, action: Action,
                     new_parent: int, new_name: bytes, who: Who) -> Entry:

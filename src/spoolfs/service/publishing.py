@@ -155,11 +155,13 @@ class Publishing(SpoolCore):
         writer opening it (or a resize) meanwhile waits (``unsealed``), then finds it
         published (refused) or, if the publish failed, still an upload."""
         done = trio.Event()
-        self._sealing[entry_id] = done
+        self._sealing.setdefault(entry_id, []).append(done)  # two at once: each its own
         try:
             yield
         finally:
-            if self._sealing.get(entry_id) is done:
+            waiting = self._sealing[entry_id]
+            waiting.remove(done)
+            if not waiting:
                 del self._sealing[entry_id]
             done.set()
 
@@ -167,12 +169,23 @@ class Publishing(SpoolCore):
         """``e`` as it is once no publish or link is sealing it (or its batch)."""
         while self._sealing:
             ids = (e.id, batches.root_of(self.r, e).id) if e.kind == MEMBER else (e.id,)
-            pending = next((self._sealing[i] for i in ids if i in self._sealing), None)
+            pending = next((self._sealing[i][0] for i in ids if i in self._sealing), None)
             if pending is None:
                 break
             await pending.wait()
             e = self.get(e.id)
         return e
+
+    async def mutable_batch(self, e: Entry) -> Entry:
+        """The root of the batch ``e`` belongs to (or is), once no publish is sealing it, if
+        it is still in partial/ (``batches.check_mutable``): a file made, moved or resized
+        in a batch while its publish seals it would be published unsealed."""
+        if self._sealing:
+            root = batches.root_of(self.r, e)
+            if root.id in self._sealing:
+                await self.unsealed(root)
+                e = self.get(e.id)  # as it is now
+        return batches.check_mutable(self.r, e)
 
     async def _publish_hidden(self, e: Entry, who: Who) -> None:
         with self.sealing(e.id):

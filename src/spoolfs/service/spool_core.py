@@ -120,7 +120,7 @@ class SpoolCore:
         self._settling: dict[int, list[tuple[bytes, trio.Event]]] = {}
         #: uploads (and batches) a publish or a link is sealing, until its transaction ends:
         #: a writer opening one meanwhile waits (``Publishing.unsealed``)
-        self._sealing: dict[int, trio.Event] = {}
+        self._sealing: dict[int, list[trio.Event]] = {}
         self.snapshots = Snapshots(self._full_snapshot, lambda: self.committer.batches)
 
     def changes_seen(self) -> int | None:

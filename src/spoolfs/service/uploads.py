@@ -88,7 +88,7 @@ class Uploads(Publishing):
                              ) -> tuple[Entry, Handle]:
         """A file in a batch being built in partial/."""
         check_message_name(name)
-        root = batches.check_mutable(self.r, d)
+        root = await self.mutable_batch(d)
         self.guard.check(self.policies.of(root.queue))
         return await self._new_upload(d, name, mode, who, self.clock(), kind=MEMBER,
                                       queue=root.queue)
