@@ -6,7 +6,7 @@ import errno
 import hashlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -479,6 +479,40 @@ async def test_a_removed_upload_leaves_no_running_hash(
     assert not thread.is_alive()
 
 
+async def while_sealing(spool: Spool, monkeypatch: pytest.MonkeyPatch,
+                        seal_it: Callable[[], Awaitable[object]],
+                        meanwhile: Callable[[], Awaitable[object]]) -> list[NotPermitted]:
+    """Run ``seal_it`` (a publish or link) with its seal held in the worker thread, and
+    ``meanwhile`` while it is held; ``meanwhile`` must wait for the sealing to end, not be
+    refused before. Its refusals, once the sealing ended."""
+    started, release = threading.Event(), threading.Event()
+    seal = spool.content.seal
+
+    def slow_seal(entry_id: int) -> Any:
+        started.set()
+        release.wait(patience(10))
+        return seal(entry_id)
+
+    monkeypatch.setattr(spool.content, "seal", slow_seal)
+    refused: list[NotPermitted] = []
+
+    async def refusing() -> None:
+        try:
+            await meanwhile()
+        except NotPermitted as e:
+            refused.append(e)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(seal_it)
+        while not started.is_set():
+            await trio.sleep(0.001)
+        n.start_soon(refusing)
+        await trio.sleep(0.05)  # it runs while the seal is under way
+        assert not refused  # waiting, not refused before the publish
+        release.set()
+    return refused
+
+
 @pytest.mark.parametrize("how", ["write", "truncate"])
 @pytest.mark.parametrize("seals", ["mv", "ln"])
 async def test_an_upload_opened_while_its_publish_seals_it_is_not_written_after(
@@ -491,39 +525,21 @@ async def test_an_upload_opened_while_its_publish_seals_it_is_not_written_after(
     spool, q = env
     data = os.urandom(2 * CHUNK)
     mid = await written(spool, q[State.PARTIAL], b"f", data)
-    started, release = threading.Event(), threading.Event()
-    seal = spool.content.seal
 
-    def slow_seal(entry_id: int) -> Any:
-        started.set()
-        release.wait(patience(10))
-        return seal(entry_id)
-
-    monkeypatch.setattr(spool.content, "seal", slow_seal)
-    refused: list[BaseException] = []
+    async def seal_it() -> object:
+        if seals == "mv":
+            return await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        return await spool.link(mid, q[State.READY], b"g", WHO)
 
     async def writer() -> None:
-        try:
-            if how == "write":
-                h = await spool.open(mid, writable=True, truncate=False, who=WHO)
-                spool.write(h, 0, b"late")
-                await spool.close(h, WHO)
-            else:
-                await spool.setattr(mid, size=10, who=WHO)
-        except NotPermitted as e:
-            refused.append(e)
-
-    async with trio.open_nursery() as n:
-        if seals == "mv":
-            n.start_soon(spool.rename, q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        if how == "write":
+            h = await spool.open(mid, writable=True, truncate=False, who=WHO)
+            spool.write(h, 0, b"late")
+            await spool.close(h, WHO)
         else:
-            n.start_soon(spool.link, mid, q[State.READY], b"g", WHO)
-        while not started.is_set():
-            await trio.sleep(0.001)
-        n.start_soon(writer)
-        await trio.sleep(0.05)  # the writer's open runs while the seal is under way
-        assert not refused  # waiting, not refused before the publish
-        release.set()
+            await spool.setattr(mid, size=10, who=WHO)
+
+    refused = await while_sealing(spool, monkeypatch, seal_it, writer)
     assert refused, "a writer opened the upload while its publish sealed it"
     assert spool.get(mid).state is (State.READY if seals == "mv" else State.PARTIAL)
     assert content(spool, mid) == data
@@ -540,35 +556,17 @@ async def test_nothing_is_made_in_a_batch_while_its_publish_seals_it(
     b1 = await spool.mkdir(q[State.PARTIAL], b"b1", 0o755, WHO)
     data = os.urandom(2 * CHUNK)
     await written(spool, b1.id, b"f", data)
-    started, release = threading.Event(), threading.Event()
-    seal = spool.content.seal
-
-    def slow_seal(entry_id: int) -> Any:
-        started.set()
-        release.wait(patience(10))
-        return seal(entry_id)
-
-    monkeypatch.setattr(spool.content, "seal", slow_seal)
-    refused: list[BaseException] = []
 
     async def maker() -> None:
-        try:
-            if made == "file":
-                e, h = await spool.create(b1.id, b"late", 0o644, WHO)
-                await spool.close(h, WHO)
-            else:
-                await spool.mkdir(b1.id, b"late", 0o755, WHO)
-        except NotPermitted as e:
-            refused.append(e)
+        if made == "file":
+            e, h = await spool.create(b1.id, b"late", 0o644, WHO)
+            await spool.close(h, WHO)
+        else:
+            await spool.mkdir(b1.id, b"late", 0o755, WHO)
 
-    async with trio.open_nursery() as n:
-        n.start_soon(spool.rename, q[State.PARTIAL], b"b1", q[State.READY], b"b1", 0, WHO)
-        while not started.is_set():
-            await trio.sleep(0.001)
-        n.start_soon(maker)
-        await trio.sleep(0.05)  # the maker runs while the seal is under way
-        assert not refused  # waiting, not refused before the publish
-        release.set()
+    refused = await while_sealing(
+        spool, monkeypatch,
+        lambda: spool.rename(q[State.PARTIAL], b"b1", q[State.READY], b"b1", 0, WHO), maker)
     assert refused, "something was made in a batch while its publish sealed it"
     assert [m.name for m in spool.listdir(b1.id)] == [b"f"]
     assert not any(m.staged for m in batches.walk(spool.r, spool.get(b1.id)))
