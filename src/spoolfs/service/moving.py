@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 from spoolfs.core import lifecycle as L
 from spoolfs.core import rules
@@ -61,30 +62,28 @@ class Moving(Uploads):
         if action is Action.PUBLISH:
             self.guard.check(self.policies.of(d.queue))
         defer = action is Action.PUBLISH and self._writers.get(src.id, 0) > 0
-        # an NFS server's descriptors write no more once its client renamed the file in: the
-        # client wrote everything first (uploads.py)
         seals = action is Action.PUBLISH and not defer and (src.staged or is_batch(src))
-        stopped = self._nfs_stopped(src) if seals else []
+        with self._sealing_of(src) if seals else nullcontext():
+            return await self._rename_message(src, d, action, defer, parent, name, new_parent,
+                                              new_name, flags, who)
+
+    @contextmanager
+    def _sealing_of(self, src: Entry) -> Iterator[None]:
+        """``sealing`` for a publish or a link of an upload (or a batch's files); an NFS
+        server's descriptors on them write no more from the start (its client wrote
+        everything first), and write again if the sealing fails."""
+        ids = [m.id for m in batches.walk(self.r, src)] if self._nfs and is_batch(src) \
+            else [src.id]
+        stopped = [i for i in ids if i in self._nfs]
+        for i in stopped:
+            self._nfs_published(i)
         try:
-            with self.sealing(src.id) if seals else nullcontext():
-                return await self._rename_message(src, d, action, defer, parent, name,
-                                                  new_parent, new_name, flags, who)
+            with self.sealing(src.id):
+                yield
         except BaseException:
             for i in stopped:
                 self._nfs_published(i, False)
             raise
-
-    def _nfs_stopped(self, src: Entry) -> list[int]:
-        """An upload (or a batch's files) about to be sealed: an NFS server's descriptors on
-        it write no more (its client wrote everything first). The ids whose descriptors were
-        stopped, to start again if the sealing fails."""
-        if not self._nfs:
-            return []
-        ids = [m.id for m in batches.walk(self.r, src)] if is_batch(src) else [src.id]
-        stopped = [i for i in ids if i in self._nfs]
-        for i in stopped:
-            self._nfs_published(i)
-        return stopped
 
     async def _rename_message(self, src: Entry, d: Entry, action: Action, defer: bool,
                               parent: int, name: bytes, new_parent: int, new_name: bytes,
@@ -247,14 +246,8 @@ class Moving(Uploads):
         self.guard.check(self.policies.of(d.queue))
         if src.staged and self._writers.get(src.id, 0) > 0:
             raise NotPermitted("an upload still open for writing cannot be linked")
-        stopped = self._nfs_stopped(src) if src.staged else []
-        try:
-            with self.sealing(src.id) if src.staged else nullcontext():
-                return await self._link(src, d, dst_state, action, new_parent, new_name, who)
-        except BaseException:
-            for i in stopped:
-                self._nfs_published(i, False)
-            raise
+        with self._sealing_of(src) if src.staged else nullcontext():
+            return await self._link(src, d, dst_state, action, new_parent, new_name, who)
 
     async def _link(self, src: Entry, d: Entry, dst_state: State, action: Action,
                     new_parent: int, new_name: bytes, who: Who) -> Entry:
