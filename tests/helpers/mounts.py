@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -207,6 +208,9 @@ class Mount:
         except AssertionError:
             if conn is None:
                 raise
+            # shown with a failure: the dead daemon's connections (to a database) stayed open
+            print(f"daemon {pid} still there 5 s after SIGKILL: aborting its FUSE connection",
+                  file=sys.stderr)
             abort_connection(conn)
             wait_until(lambda: process_exited(pid), timeout=10, what=f"daemon {pid} to die")
         ok("fusermount3", "-u", "-z", str(self.path))

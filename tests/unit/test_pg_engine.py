@@ -95,6 +95,49 @@ def test_racing_claims_from_two_stores_have_one_winner(two) -> None:  # type: ig
     assert sorted(wins["a"] + wins["b"]) == ids  # each once, none twice
 
 
+def test_a_host_stopped_inside_its_transaction_holds_the_others_up_only_briefly(
+        two, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A daemon stopped between two statements of a batch (a paused VM, a process that is
+    being killed but cannot exit) keeps its connection, and its row locks, open: every other
+    host's move of those rows would wait, then fail. Its transaction is ended by the server
+    once it has idled a moment; the other host's move goes through, and the stopped batch
+    changes nothing."""
+    import spoolfs.store.postgres as pg
+
+    monkeypatch.setattr(pg, "WRITE_IDLE_TIMEOUT_MS", 300)
+    a, b = two
+    m = one(a, lambda tx: msg(tx, 1, b"m"))
+    locked, release = threading.Event(), threading.Event()
+
+    def stops(tx: WriteTx) -> bool:
+        tx.move(m.id, 1, b"m", 1, b"by-a", state=State.WORKING)
+        locked.set()
+        release.wait(20)  # stopped, row lock held
+        return tx.get(m.id) is not None
+
+    got: list[BaseException] = []
+
+    def run_a() -> None:
+        try:
+            got.extend(e for ok, e in a.run_batch([stops], True) if not ok)
+        except StoreFailure as e:
+            got.append(e)
+
+    stopped = threading.Thread(target=run_a)
+    stopped.start()
+    try:
+        assert locked.wait(10)
+        ok, moved = b.run_batch([lambda tx: tx.move(m.id, 1, b"m", 1, b"by-b",
+                                                    state=State.WORKING)], True)[0]
+    finally:
+        release.set()
+        stopped.join()
+    assert ok, moved
+    assert moved is True
+    assert b.reader().get(m.id).name == b"by-b"
+    assert len(got) == 1 and "idle-in-transaction" in str(got[0])  # a's changed nothing
+
+
 def test_ids_are_unique_across_stores(two) -> None:  # type: ignore[no-untyped-def]
     a, b = two
     got = [one(s, lambda tx, n=n: msg(tx, 1, n)).id

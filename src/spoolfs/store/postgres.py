@@ -51,6 +51,11 @@ LOCK_TIMEOUT_MS = 10_000
 SCHEMA_LOCK_TIMEOUT_MS = 600_000
 #: a transaction left open by a daemon that vanished holds its row locks at most this long
 IDLE_IN_TX_TIMEOUT_MS = 60_000
+#: a write batch idle this long between two of its statements is ended by the server: its
+#: daemon has stopped (a paused machine, a process killed but unable to exit), and its row
+#: locks would hold every other host's moves of those rows until they fail (lock_timeout).
+#: A batch runs its statements back to back: its gaps are Python's, milliseconds.
+WRITE_IDLE_TIMEOUT_MS = 5_000
 RETRIES = 5  # runs of a function that keeps losing deadlocks before it fails
 POOL_MAX = 4
 CHANGES_PAGE = 1000
@@ -566,9 +571,10 @@ class PostgresStore(Store):
         results: list[tuple[bool, Any]] = []
         with self._conn() as conn:
             try:
-                conn.execute("BEGIN")
-                if not durable:
-                    conn.execute("SET LOCAL synchronous_commit = off")
+                # one round trip
+                conn.execute("BEGIN; SET LOCAL idle_in_transaction_session_timeout = "
+                             f"{WRITE_IDLE_TIMEOUT_MS}" +
+                             ("" if durable else "; SET LOCAL synchronous_commit = off"))
                 tx = PgWrite(_cursor_runner(conn))
                 for fn in fns:
                     results.append(self._one(conn, tx, fn))
