@@ -8,9 +8,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import signal
+import time
 from collections import Counter
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from helpers.inspection import ls, read
@@ -147,6 +150,61 @@ def test_losing_the_database_fails_transitions_and_the_mount_recovers(
         m.umount()
     finally:
         server.close()
+
+
+def _stop_inside_a_write(pid: int, db_url: str, server: PgServer) -> None:
+    """SIGSTOP daemon ``pid`` at a moment it holds a write transaction open (a paused
+    machine): stopped, then its database session found idle inside a transaction that has
+    written, or continued and tried again."""
+    db = db_url.rsplit("/", 1)[1]
+    with psycopg.connect(server.url(), autocommit=True) as c:
+        for _ in range(500):
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.2)  # the other daemon's batches never idle this long
+            held = c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname=%s AND backend_xid IS "
+                "NOT NULL AND state='idle in transaction' AND state_change < now() - "
+                "interval '100 milliseconds'", (db,)).fetchone()
+            if held and held[0]:
+                return
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.01)
+    raise AssertionError(f"daemon {pid} was never caught inside a write transaction")
+
+
+def test_a_host_stopped_inside_a_transaction_holds_the_other_up_only_briefly(
+        mounter: MountFactory, pg_server: PgServer, tmp_path: Path) -> None:
+    """Claimers on host B, B stopped while a claim's transaction is open (its row locks
+    held), then claimers on host A over the same names: each of A's moves goes through or
+    loses with ENOENT, none fails with EIO (the server ends B's idle transaction); B's stopped
+    claim changed nothing; every message is claimed once."""
+    url = pg_server.new_database()
+    a = mounter(url, tmp_path / "a", extra=["--blobs", str(tmp_path / "blobs")])
+    b = mounter(url, tmp_path / "b")
+    q = Queue.create(a.path, "q", tmp_path / "scratch")
+    qb = Queue(b.path / "q", tmp_path / "scratch")
+    names = [f"m{i:03d}" for i in range(300)]
+    for n in names:
+        q.publish(n, n.encode())
+    for c in ("a1", "a2"):
+        q.consumer(c)
+    for c in ("b1", "b2"):
+        qb.consumer(c)
+    wait_until(lambda: len(ls(qb.ready)) == len(names), timeout=PROPAGATION, alive=b.daemon_alive,
+               what="host B to list every name")
+    on_b = start_claimers([qb.path], ["b1", "b2"], tmp_path / "logs-b")
+    try:
+        _stop_inside_a_write(b.pid, url, pg_server)
+        claims_a = finish_claimers(start_claimers([q.path], ["a1", "a2"], tmp_path / "logs-a"))
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    for _, p, _, _ in on_b:
+        p.communicate(timeout=120)
+    held = {c: ls(q.working / c) for c in ("a1", "a2", "b1", "b2")}
+    assert sorted(n for v in held.values() for n in v) == names  # each once, none lost
+    assert sorted(claims_a["a1"] + claims_a["a2"]) == sorted(held["a1"] + held["a2"])
+    assert ls(q.ready) == []
+    fsck_clean(url)
 
 
 def test_an_unreachable_s3_endpoint_is_one_line_at_mount(
