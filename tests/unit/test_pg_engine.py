@@ -95,13 +95,15 @@ def test_racing_claims_from_two_stores_have_one_winner(two) -> None:  # type: ig
     assert sorted(wins["a"] + wins["b"]) == ids  # each once, none twice
 
 
+@pytest.mark.parametrize("where", ["in a function", "after its change rows"])
 def test_a_host_stopped_inside_its_transaction_holds_the_others_up_only_briefly(
-        two, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+        two, monkeypatch: pytest.MonkeyPatch, where: str) -> None:  # type: ignore[no-untyped-def]
     """A daemon stopped between two statements of a batch (a paused VM, a process that is
     being killed but cannot exit) keeps its connection, and its row locks, open: every other
     host's move of those rows would wait, then fail. Its transaction is ended by the server
-    once it has idled a moment; the other host's move goes through, and the stopped batch
-    changes nothing."""
+    once it has idled a moment, wherever the batch stopped (the change log's rows are written
+    last, under a lock every other commit waits for); the other host's move goes through, and
+    the stopped batch changes nothing."""
     import spoolfs.store.postgres as pg
 
     monkeypatch.setattr(pg, "WRITE_IDLE_TIMEOUT_MS", 300)
@@ -109,17 +111,30 @@ def test_a_host_stopped_inside_its_transaction_holds_the_others_up_only_briefly(
     m = one(a, lambda tx: msg(tx, 1, b"m"))
     locked, release = threading.Event(), threading.Event()
 
-    def stops(tx: WriteTx) -> bool:
-        tx.move(m.id, 1, b"m", 1, b"by-a", state=State.WORKING)
+    def stop() -> None:
         locked.set()
-        release.wait(20)  # stopped, row lock held
+        release.wait(20)  # stopped, locks held
+
+    def moves(tx: WriteTx) -> bool:
+        tx.move(m.id, 1, b"m", 1, b"by-a", state=State.WORKING)
+        if where == "in a function":
+            stop()
         return tx.get(m.id) is not None
 
+    if where == "after its change rows":
+        log_changes = PostgresStore._log_changes
+
+        def log_then_stop(self: PostgresStore, conn: Any, tx: Any) -> None:
+            log_changes(self, conn, tx)
+            if self is a:
+                stop()
+
+        monkeypatch.setattr(PostgresStore, "_log_changes", log_then_stop)
     got: list[BaseException] = []
 
     def run_a() -> None:
         try:
-            got.extend(e for ok, e in a.run_batch([stops], True) if not ok)
+            got.extend(e for ok, e in a.run_batch([moves], True) if not ok)
         except StoreFailure as e:
             got.append(e)
 

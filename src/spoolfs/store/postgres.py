@@ -629,15 +629,19 @@ class PostgresStore(Store):
     def _log_changes(self, conn: psycopg.Connection[Any], tx: PgWrite) -> None:
         if not tx.changed:
             return
-        # Held to the commit: change rows of concurrent transactions get their sequence
-        # numbers in commit order.
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (schema.LOCK_CHANGES,))
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO changes (entry, parent, name, old_parent, old_name, origin) "
-                "VALUES (%s, %s, %s, %s, %s, %s)",
-                [(*c, self.origin) for c in dict.fromkeys(tx.changed)])
-        conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(schema.CHANNEL)))
+        rows = list(dict.fromkeys(tx.changed))
+        # One statement, so one round trip however many rows (and never a pipeline: a session
+        # stopped inside one is not idle to the server, and keeps its locks). The lock, held
+        # to the commit, is taken before the first row draws its sequence number: change rows
+        # of concurrent transactions are numbered in commit order. NOTIFY is sent at commit.
+        conn.execute(
+            "WITH held AS (SELECT pg_advisory_xact_lock(%s)), "
+            "logged AS (INSERT INTO changes (entry, parent, name, old_parent, old_name, origin) "
+            "  SELECT c.*, %s FROM held, unnest(%s::bigint[], %s::bigint[], %s::bytea[], "
+            "  %s::bigint[], %s::bytea[]) AS c) "
+            "SELECT pg_notify(%s, '')",
+            (schema.LOCK_CHANGES, self.origin, *(list(col) for col in zip(*rows, strict=True)),
+             schema.CHANNEL))
 
     def reserve_blob_id(self) -> int:
         """A blob id no other row will take: content is stored under it before the
