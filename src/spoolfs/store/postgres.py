@@ -289,11 +289,15 @@ class PgWrite(PgRead, WriteTx):
         return entry
 
     def _dir_changed(self, *dirs: int | None) -> None:
+        ids = sorted({d for d in dirs if d is not None})
+        if not ids:
+            return
+        # one statement; its rows are locked in id order (the index's), whatever the order
+        # of the move: two hosts moving between the same directories never lock them crosswise
         now = time.time_ns()
-        for d in dict.fromkeys(dirs):
-            if d is not None:
-                self.q("UPDATE entries SET mtime_ns=%s, ctime_ns=%s WHERE id=%s", (now, now, d))
-                self._changed(d, None, None)
+        self.q("UPDATE entries SET mtime_ns=%s, ctime_ns=%s WHERE id = ANY(%s)", (now, now, ids))
+        for d in ids:
+            self._changed(d, None, None)
 
     def _hidden(self, entry_id: int) -> bool | None:
         row = self.q1("SELECT hidden FROM entries WHERE id=%s", (entry_id,))
@@ -571,12 +575,16 @@ class PostgresStore(Store):
         results: list[tuple[bool, Any]] = []
         with self._conn() as conn:
             try:
-                # one round trip
+                # One round trip, the first function's savepoint included; each next one's
+                # is one more (the last needs no release: the commit ends it).
                 conn.execute("BEGIN; SET LOCAL idle_in_transaction_session_timeout = "
                              f"{WRITE_IDLE_TIMEOUT_MS}" +
-                             ("" if durable else "; SET LOCAL synchronous_commit = off"))
+                             ("" if durable else "; SET LOCAL synchronous_commit = off") +
+                             "; SAVEPOINT op")
                 tx = PgWrite(_cursor_runner(conn))
-                for fn in fns:
+                for i, fn in enumerate(fns):
+                    if i:
+                        conn.execute("RELEASE op; SAVEPOINT op")
                     results.append(self._one(conn, tx, fn))
                 self._log_changes(conn, tx)
                 conn.execute("COMMIT")
@@ -597,34 +605,32 @@ class PostgresStore(Store):
 
     def _one(self, conn: psycopg.Connection[Any], tx: PgWrite, fn: Callable[[WriteTx], Any]
              ) -> tuple[bool, Any]:
+        """Run ``fn`` inside savepoint ``op`` (made by the caller). Rolling back to a savepoint
+        keeps it: a function run again starts from the same one."""
         for attempt in range(1, RETRIES + 1):
-            conn.execute("SAVEPOINT op")
             mark = len(tx.changed)
             try:
-                res = fn(tx)
+                return True, fn(tx)
             except _LOST as e:  # another host's transaction was in the way
-                conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-                del tx.changed[mark:]
+                self._undo(conn, tx, mark)
                 if attempt == RETRIES:
                     return False, StoreFailure(f"database busy: {str(e).splitlines()[0]}")
                 continue
             except psycopg.errors.LockNotAvailable as e:  # held beyond lock_timeout
-                conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-                del tx.changed[mark:]
+                self._undo(conn, tx, mark)
                 return False, StoreFailure(f"database busy: {str(e).splitlines()[0]}")
             except psycopg.OperationalError:
                 raise  # the connection is gone: the whole batch fails
             except (SpoolError, IntegrityError, psycopg.errors.DataError, OSError, ValueError,
                     ArithmeticError, TypeError) as e:  # this request fails alone
-                conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-                del tx.changed[mark:]
+                self._undo(conn, tx, mark)
                 return False, e
-            conn.execute("RELEASE op")
-            return True, res
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _undo(conn: psycopg.Connection[Any], tx: PgWrite, mark: int) -> None:
+        conn.execute("ROLLBACK TO op")
+        del tx.changed[mark:]
 
     def _log_changes(self, conn: psycopg.Connection[Any], tx: PgWrite) -> None:
         if not tx.changed:
