@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -361,3 +362,55 @@ def test_a_migration_is_not_cut_short_by_the_request_limits(
     with psycopg.connect(pg_url, autocommit=True) as c:
         version = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     assert version is not None and int(version[0]) == pg_schema.VERSION
+
+
+class _Counting:
+    """A connection that keeps the statements sent through it."""
+
+    def __init__(self, conn: psycopg.Connection[Any], sent: list[str]) -> None:
+        self._conn, self.sent = conn, sent
+
+    def execute(self, query: Any, *args: Any, **kw: Any) -> Any:
+        self.sent.append(str(query))
+        return self._conn.execute(query, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_a_claim_is_five_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each statement is a round trip to a server that may be on another machine: a claim's
+    transaction (its target looked up, the move, the directories' times, its history and
+    change rows, the commit) sends five, whatever it changes."""
+    store = PostgresStore(pg_url)
+    try:
+        def mkdir(name: bytes):  # type: ignore[no-untyped-def]
+            return lambda tx: tx.insert(parent=1, name=name, kind="state", mode=0o40755,
+                                        mtime_ns=1, ctime_ns=1, created_ns=1).id
+        ready, working = one(store, mkdir(b"ready")), one(store, mkdir(b"working"))
+        e = one(store, lambda tx: msg(tx, ready, b"m"))
+        sent: list[str] = []
+        real = store._conn
+
+        @contextmanager
+        def counting() -> Iterator[Any]:
+            with real() as conn:
+                yield _Counting(conn, sent)
+        monkeypatch.setattr(store, "_conn", counting)
+
+        def claim(tx: WriteTx) -> bool:
+            assert tx.lookup(working, b"m") is None
+            moved = tx.move(e.id, ready, b"m", working, b"m", state=State.WORKING)
+            tx.add_history(e.id, 2, "claim", "ready", "working", 0, 1, None)
+            return moved
+
+        assert one(store, claim)
+        assert len(sent) == 5, sent
+        monkeypatch.undo()
+        r = store.reader()
+        got, dirs = r.get(e.id), (r.get(ready), r.get(working))
+        assert got is not None and (got.parent, got.state) == (working, State.WORKING)
+        assert all(d is not None and d.mtime_ns > 1 for d in dirs)
+        assert [h[1] for h in r.history(e.id)] == ["claim"]
+    finally:
+        store.close()

@@ -260,3 +260,51 @@ def test_a_rows_state_is_read_as_the_state_it_names() -> None:
     row[ENTRY_COLUMNS.index("state")] = "lost"
     with pytest.raises(ValueError):
         Entry.from_row(row)
+
+
+def test_a_batchs_history_is_what_its_functions_left(store: Store) -> None:
+    """History kept in order across the functions of one batch; a function that fails leaves
+    none; rows dropped after they were added in the same transaction are gone."""
+    a = one(store, lambda tx: msg(tx, 1, b"a"))
+    b = one(store, lambda tx: msg(tx, 1, b"b"))
+
+    def note(entry: int, action: str):  # type: ignore[no-untyped-def]
+        return lambda tx: tx.add_history(entry, 1, action, "ready", "working", 0, 1, None)
+
+    def fails(tx: WriteTx) -> None:
+        note(a.id, "lost")(tx)
+        raise Exists("no")
+
+    def added_then_dropped(tx: WriteTx) -> None:
+        note(b.id, "gone")(tx)
+        tx.drop_history(b.id)
+        note(b.id, "kept")(tx)
+
+    results = store.run_batch([note(a.id, "first"), fails, note(a.id, "second"),
+                               added_then_dropped, note(a.id, "third")], durable=True)
+    assert [ok for ok, _ in results] == [True, False, True, True, True]
+    r = store.reader()
+    assert [h[1] for h in r.history(a.id)] == ["first", "second", "third"]
+    assert [h[1] for h in r.history(b.id)] == ["kept"]
+    one(store, lambda tx: tx.drop_history(a.id))
+    assert store.reader().history(a.id) == []
+
+
+def test_a_move_that_loses_changes_nothing_else(store: Store) -> None:
+    """A compare-and-set move that finds the row gone from its place stamps no directory."""
+    e = one(store, lambda tx: msg(tx, 1, b"a"))
+    root = store.reader().get(1)
+    assert root is not None
+    assert not one(store, lambda tx: tx.move(e.id, 1, b"elsewhere", 1, b"b"))
+    after = store.reader().get(1)
+    assert after is not None and after.mtime_ns == root.mtime_ns
+
+
+def test_an_insert_returns_the_row_as_it_is_read(store: Store) -> None:
+    def both(tx: WriteTx):  # type: ignore[no-untyped-def]
+        e = msg(tx, 1, b"a", size=5)
+        return e, tx.get(e.id)
+
+    made, read = one(store, both)
+    assert made == read and made.refs == read.refs
+    assert made == store.reader().get(made.id)

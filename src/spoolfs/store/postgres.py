@@ -247,6 +247,15 @@ class PgRead(ReadTx):
         return [cast(Blob, _blob(r)) for r in self.q(f"{_BLOB} ORDER BY id")]
 
 
+def _stamping(ids: str) -> str:
+    """A statement's part that sets the times (two ``%s``: mtime and ctime) of the
+    directories query ``ids`` names, with the change it is part of: one round trip. Its rows
+    are locked in id order (the index's), whatever the order of a move: two hosts moving
+    between the same directories never lock them crosswise."""
+    return ("stamped AS (UPDATE entries SET mtime_ns=%s, ctime_ns=%s "
+            f"WHERE id = ANY(ARRAY({ids})) RETURNING id)")
+
+
 def _sets(fields: dict[str, Any]) -> tuple[str, list[Any]]:
     for k in fields:
         if k not in ENTRY_COLUMNS or k == "id":
@@ -260,6 +269,27 @@ class PgWrite(PgRead, WriteTx):
     def __init__(self, run: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]) -> None:
         super().__init__(run)
         self.changed: list[tuple[int, int | None, bytes | None, int | None, bytes | None]] = []
+        #: history rows, written with the change rows in the commit's statement (nothing in a
+        #: transaction reads them back); an entry's ``drop_history`` as ``(entry, None, ...)``.
+        #: Both lists only grow, so a function's savepoint is a length of each.
+        self.noted: list[tuple[Any, ...]] = []
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.changed), len(self.noted)
+
+    def undo(self, mark: tuple[int, int]) -> None:
+        del self.changed[mark[0]:]
+        del self.noted[mark[1]:]
+
+    def history_rows(self) -> list[tuple[Any, ...]]:
+        """The history rows to write, in order, less those a later drop removed."""
+        rows: list[tuple[Any, ...]] = []
+        for row in self.noted:
+            if row[1] is None:
+                rows = [r for r in rows if r[0] != row[0]]
+            else:
+                rows.append(row)
+        return rows
 
     def _changed(self, entry: int, parent: int | None, name: bytes | None,
                  old_parent: int | None = None, old_name: bytes | None = None) -> None:
@@ -278,66 +308,82 @@ class PgWrite(PgRead, WriteTx):
                 raise ValueError(f"unknown entry column {k}")
         cols = ", ".join(fields)
         marks = ", ".join(["%s"] * len(fields))
-        row = self.q1(f"INSERT INTO entries ({cols}) VALUES ({marks}) RETURNING id",
-                      [_value(v) for v in fields.values()])
+        # the new row read back as ``get`` reads it, and its directory's times, in the same
+        # round trip
+        now = time.time_ns()
+        row = self.q1(f"WITH e AS (INSERT INTO entries ({cols}) VALUES ({marks}) RETURNING *), "
+                      + _stamping("SELECT parent FROM e WHERE hidden = 0") +
+                      f" SELECT {_COLS}, b.refcount FROM e LEFT JOIN blobs b ON b.id = e.blob",
+                      [*(_value(v) for v in fields.values()), now, now])
         assert row is not None
-        entry = self.get(int(row[0]))
-        assert entry is not None
+        entry = Entry.from_row(row)
         if not entry.hidden:
-            self._dir_changed(entry.parent)
+            self._stamped(entry.parent)
             self._changed(entry.id, entry.parent, entry.name)
         return entry
 
-    def _dir_changed(self, *dirs: int | None) -> None:
-        ids = sorted({d for d in dirs if d is not None})
-        if not ids:
-            return
-        # one statement; its rows are locked in id order (the index's), whatever the order
-        # of the move: two hosts moving between the same directories never lock them crosswise
-        now = time.time_ns()
-        self.q("UPDATE entries SET mtime_ns=%s, ctime_ns=%s WHERE id = ANY(%s)", (now, now, ids))
-        for d in ids:
+    def _stamped(self, *dirs: int | None) -> None:
+        """Directories whose times a statement moved (``_stamping``): their attributes
+        changed."""
+        for d in sorted({d for d in dirs if d is not None}):
             self._changed(d, None, None)
-
-    def _hidden(self, entry_id: int) -> bool | None:
-        row = self.q1("SELECT hidden FROM entries WHERE id=%s", (entry_id,))
-        return None if row is None else bool(row[0])
 
     def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
              **fields: Any) -> bool:
         sets, vals = _sets(fields)
         sets = "parent=%s, name=%s" + (", " + sets if sets else "")
-        was_hidden = self._hidden(entry_id)
-        rows = self.q(f"UPDATE entries SET {sets} WHERE id=%s AND parent=%s AND name=%s "
-                      "RETURNING id", [new_parent, new_name, *vals, entry_id, parent, name])
+        # One round trip: the move, and the times of the directories where a name left and
+        # arrived (a hidden row is no name). ``was`` is the row as the statement found it
+        # (RETURNING shows the new values).
+        now = time.time_ns()
+        rows = self.q(f"WITH m AS (UPDATE entries SET {sets} FROM entries was "
+                      "WHERE was.id = entries.id AND entries.id=%s AND entries.parent=%s "
+                      "AND entries.name=%s RETURNING was.hidden AS was, entries.hidden AS now), "
+                      + _stamping("SELECT d FROM m, unnest(ARRAY["
+                                  "CASE WHEN m.was = 0 THEN %s::bigint END, "
+                                  "CASE WHEN m.now = 0 THEN %s::bigint END]) AS d "
+                                  "WHERE d IS NOT NULL") +
+                      " SELECT was, now FROM m",
+                      [new_parent, new_name, *vals, entry_id, parent, name, now, now, parent,
+                       new_parent])
         if len(rows) != 1:
             return False
-        self._dir_changed(None if was_hidden else parent,
-                          None if fields.get("hidden", was_hidden) else new_parent)
+        was_hidden, now_hidden = rows[0]
+        self._stamped(None if was_hidden else parent, None if now_hidden else new_parent)
         self._changed(entry_id, new_parent, new_name, parent, name)
         return True
 
     def update(self, entry_id: int, **fields: Any) -> bool:
         sets, vals = _sets(fields)
-        appears = "hidden" in fields and not fields["hidden"] and self._hidden(entry_id)
-        rows = self.q(f"UPDATE entries SET {sets} WHERE id=%s RETURNING parent, name",
-                      [*vals, entry_id])
+        if "hidden" in fields and not fields["hidden"]:
+            # a hidden upload published: a name arrives, and its directory's times move
+            now = time.time_ns()
+            rows = self.q(f"WITH u AS (UPDATE entries SET {sets} FROM entries was "
+                          "WHERE was.id = entries.id AND entries.id=%s RETURNING entries.parent, "
+                          "entries.name, was.hidden AS was), "
+                          + _stamping("SELECT parent FROM u WHERE was <> 0") +
+                          " SELECT parent, name, was FROM u", [*vals, entry_id, now, now])
+        else:
+            rows = self.q(f"UPDATE entries SET {sets} WHERE id=%s RETURNING parent, name, 0",
+                          [*vals, entry_id])
         if len(rows) != 1:
             return False
-        parent, name = rows[0]
-        if appears:  # a hidden upload published: a name arrives
-            self._dir_changed(parent)
+        parent, name, was_hidden = rows[0]
+        if was_hidden:
+            self._stamped(parent)
         self._changed(entry_id, parent, bytes(name))
         return True
 
     def delete(self, entry_id: int) -> bool:
-        rows = self.q("DELETE FROM entries WHERE id=%s RETURNING parent, hidden, name",
-                      (entry_id,))
+        now = time.time_ns()
+        rows = self.q("WITH x AS (DELETE FROM entries WHERE id=%s RETURNING parent, hidden, name), "
+                      + _stamping("SELECT parent FROM x WHERE hidden = 0") +
+                      " SELECT parent, hidden, name FROM x", (entry_id, now, now))
         if not rows:
             return False
         parent, hidden, name = rows[0]
         if not hidden:
-            self._dir_changed(parent)
+            self._stamped(parent)
         self._changed(entry_id, None, None, parent, bytes(name))
         return True
 
@@ -356,6 +402,7 @@ class PgWrite(PgRead, WriteTx):
 
     def drop_history(self, entry_id: int) -> None:
         self.q("DELETE FROM history WHERE entry=%s", (entry_id,))
+        self.noted.append((entry_id, None, None, None, None, None, None, None))
 
     def set_xattr(self, entry_id: int, name: bytes, value: bytes) -> None:
         self.q("INSERT INTO xattrs (entry, name, value) VALUES (%s, %s, %s) "
@@ -403,9 +450,7 @@ class PgWrite(PgRead, WriteTx):
     def add_history(self, entry_id: int, at_ns: int, action: str, src: str | None,
                     dst: str | None, uid: int | None, pid: int | None,
                     reason: str | None) -> None:
-        self.q("INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason) "
-               "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-               (entry_id, at_ns, action, src, dst, uid, pid, reason))
+        self.noted.append((entry_id, at_ns, action, src, dst, uid, pid, reason))
 
 
 def _cursor_runner(conn: psycopg.Connection[Any]
@@ -608,7 +653,7 @@ class PostgresStore(Store):
         """Run ``fn`` inside savepoint ``op`` (made by the caller). Rolling back to a savepoint
         keeps it: a function run again starts from the same one."""
         for attempt in range(1, RETRIES + 1):
-            mark = len(tx.changed)
+            mark = tx.mark()
             try:
                 return True, fn(tx)
             except _LOST as e:  # another host's transaction was in the way
@@ -628,26 +673,36 @@ class PostgresStore(Store):
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _undo(conn: psycopg.Connection[Any], tx: PgWrite, mark: int) -> None:
+    def _undo(conn: psycopg.Connection[Any], tx: PgWrite, mark: tuple[int, int]) -> None:
         conn.execute("ROLLBACK TO op")
-        del tx.changed[mark:]
+        tx.undo(mark)
 
     def _log_changes(self, conn: psycopg.Connection[Any], tx: PgWrite) -> None:
+        """The batch's change rows and history rows, in one statement: one round trip however
+        many rows (and never a pipeline: a session stopped inside one is not idle to the
+        server, and keeps its locks). The lock, held to the commit, is taken before the first
+        change row draws its sequence number: change rows of concurrent transactions are
+        numbered in commit order. NOTIFY is sent at commit."""
+        history = tx.history_rows()
+        noted = ("noted AS (INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, "
+                 "reason) SELECT h.entry, h.at_ns, h.action, h.src, h.dst, h.uid, h.pid, "
+                 "h.reason FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], "
+                 "%s::text[], %s::bigint[], %s::bigint[], %s::text[]) WITH ORDINALITY "
+                 "AS h(entry, at_ns, action, src, dst, uid, pid, reason, n) ORDER BY h.n)")
+        columns = [list(col) for col in zip(*history, strict=True)]
         if not tx.changed:
+            if history:
+                conn.execute(f"WITH {noted} SELECT 1", columns)
             return
         rows = list(dict.fromkeys(tx.changed))
-        # One statement, so one round trip however many rows (and never a pipeline: a session
-        # stopped inside one is not idle to the server, and keeps its locks). The lock, held
-        # to the commit, is taken before the first row draws its sequence number: change rows
-        # of concurrent transactions are numbered in commit order. NOTIFY is sent at commit.
         conn.execute(
             "WITH held AS (SELECT pg_advisory_xact_lock(%s)), "
             "logged AS (INSERT INTO changes (entry, parent, name, old_parent, old_name, origin) "
             "  SELECT c.*, %s FROM held, unnest(%s::bigint[], %s::bigint[], %s::bytea[], "
-            "  %s::bigint[], %s::bytea[]) AS c) "
+            "  %s::bigint[], %s::bytea[]) AS c) " + (f", {noted} " if history else "") +
             "SELECT pg_notify(%s, '')",
             (schema.LOCK_CHANGES, self.origin, *(list(col) for col in zip(*rows, strict=True)),
-             schema.CHANNEL))
+             *columns, schema.CHANNEL))
 
     def reserve_blob_id(self) -> int:
         """A blob id no other row will take: content is stored under it before the
