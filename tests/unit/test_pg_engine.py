@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,7 +16,7 @@ from helpers.pgserver import PgServer
 from spoolfs.core.errors import StoreFailure
 from spoolfs.core.rules import State
 from spoolfs.store import pg_schema
-from spoolfs.store.base import WriteTx
+from spoolfs.store.base import Entry, WriteTx
 from spoolfs.store.pg_maint import open_maintenance
 from spoolfs.store.postgres import PostgresStore
 from spoolfs.store.registry import open_store
@@ -96,15 +97,16 @@ def test_racing_claims_from_two_stores_have_one_winner(two) -> None:  # type: ig
     assert sorted(wins["a"] + wins["b"]) == ids  # each once, none twice
 
 
-@pytest.mark.parametrize("where", ["in a function", "after its change rows"])
+@pytest.mark.parametrize("where", ["in a function", "before its commit"])
 def test_a_host_stopped_inside_its_transaction_holds_the_others_up_only_briefly(
         two, monkeypatch: pytest.MonkeyPatch, where: str) -> None:  # type: ignore[no-untyped-def]
     """A daemon stopped between two statements of a batch (a paused VM, a process that is
     being killed but cannot exit) keeps its connection, and its row locks, open: every other
     host's move of those rows would wait, then fail. Its transaction is ended by the server
-    once it has idled a moment, wherever the batch stopped (the change log's rows are written
-    last, under a lock every other commit waits for); the other host's move goes through, and
-    the stopped batch changes nothing."""
+    once it has idled a moment, wherever the batch stopped; the other host's move goes
+    through, and the stopped batch changes nothing. (The change log's rows, written under a
+    lock every other commit waits for, go in the commit's own round trip: no daemon can stop
+    between them and the commit.)"""
     import spoolfs.store.postgres as pg
 
     monkeypatch.setattr(pg, "WRITE_IDLE_TIMEOUT_MS", 300)
@@ -122,15 +124,15 @@ def test_a_host_stopped_inside_its_transaction_holds_the_others_up_only_briefly(
             stop()
         return tx.get(m.id) is not None
 
-    if where == "after its change rows":
-        log_changes = PostgresStore._log_changes
+    if where == "before its commit":
+        commit = PostgresStore._commit
 
-        def log_then_stop(self: PostgresStore, conn: Any, tx: Any) -> None:
-            log_changes(self, conn, tx)
+        def stop_then_commit(self: PostgresStore, conn: Any, tx: Any) -> None:
             if self is a:
                 stop()
+            commit(self, conn, tx)
 
-        monkeypatch.setattr(PostgresStore, "_log_changes", log_then_stop)
+        monkeypatch.setattr(PostgresStore, "_commit", stop_then_commit)
     got: list[BaseException] = []
 
     def run_a() -> None:
@@ -283,6 +285,34 @@ def test_a_server_that_goes_away_fails_transitions_and_comes_back(pg_server: PgS
         server.close()
 
 
+@pytest.mark.parametrize("first", ["transition", "scan", "follower"])
+def test_the_first_use_after_a_server_restart_goes_through(pg_server: PgServer, first: str
+                                                           ) -> None:
+    """Connections the pool kept are broken by a restart: whatever begins on one moves to a
+    new connection (nothing was done on the broken one) instead of failing."""
+    server = PgServer().start()
+    try:
+        url = server.new_database()
+        s = PostgresStore(url)
+        e = one(s, lambda tx: msg(tx, 1, b"m"))
+        held = [s._pool.getconn() for _ in range(3)]  # the pool keeps several
+        for conn in held:
+            s._pool.putconn(conn)
+        server.stop()
+        server.start()
+        if first == "scan":
+            with s.scan() as r:
+                assert r.get(e.id) is not None
+        elif first == "follower":
+            assert [c.entry_id for c in s.changes_since(0)] == [1, e.id]
+        assert one(s, lambda tx: tx.update(e.id, attempts=2))
+        got = s.reader().get(e.id)
+        assert got is not None and got.attempts == 2
+        s.close()
+    finally:
+        server.close()
+
+
 def test_gc_prunes_the_change_log(pg_url: str) -> None:
     s = PostgresStore(pg_url)
     one(s, lambda tx: msg(tx, 1, b"m"))
@@ -364,24 +394,22 @@ def test_a_migration_is_not_cut_short_by_the_request_limits(
     assert version is not None and int(version[0]) == pg_schema.VERSION
 
 
-class _Counting:
-    """A connection that keeps the statements sent through it."""
+def test_a_claim_is_four_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatch,
+                                     tmp_path: Path) -> None:
+    """Each round trip waits on a server that may be on another machine: a claim's
+    transaction (begun, its target looked up, the move with its directories' times, its
+    history and change rows with the commit) waits four times, whatever it changes. Counted
+    in what libpq sends on every connection a batch may use, the pool's checks included:
+    one wait per Query or Sync, once each statement is prepared on the connection (the
+    first run of a prepared statement waits once more, for its Parse)."""
+    trace = open(tmp_path / "trace", "w")  # noqa: SIM115 (closed below)
+    configure = PostgresStore._configure
 
-    def __init__(self, conn: psycopg.Connection[Any], sent: list[str]) -> None:
-        self._conn, self.sent = conn, sent
-
-    def execute(self, query: Any, *args: Any, **kw: Any) -> Any:
-        self.sent.append(str(query))
-        return self._conn.execute(query, *args, **kw)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
-def test_a_claim_is_five_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each statement is a round trip to a server that may be on another machine: a claim's
-    transaction (its target looked up, the move, the directories' times, its history and
-    change rows, the commit) sends five, whatever it changes."""
+    def traced(conn: psycopg.Connection[Any]) -> None:
+        configure(conn)
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+    monkeypatch.setattr(PostgresStore, "_configure", staticmethod(traced))
     store = PostgresStore(pg_url)
     try:
         def mkdir(name: bytes):  # type: ignore[no-untyped-def]
@@ -389,24 +417,24 @@ def test_a_claim_is_five_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatc
                                         mtime_ns=1, ctime_ns=1, created_ns=1).id
         ready, working = one(store, mkdir(b"ready")), one(store, mkdir(b"working"))
         e = one(store, lambda tx: msg(tx, ready, b"m"))
-        sent: list[str] = []
-        real = store._conn
 
-        @contextmanager
-        def counting() -> Iterator[Any]:
-            with real() as conn:
-                yield _Counting(conn, sent)
-        monkeypatch.setattr(store, "_conn", counting)
-
-        def claim(tx: WriteTx) -> bool:
-            assert tx.lookup(working, b"m") is None
-            moved = tx.move(e.id, ready, b"m", working, b"m", state=State.WORKING)
+        def claim(e: Entry, tx: WriteTx) -> bool:
+            assert tx.lookup(working, e.name) is None
+            moved = tx.move(e.id, ready, e.name, working, e.name, state=State.WORKING)
             tx.add_history(e.id, 2, "claim", "ready", "working", 0, 1, None)
             return moved
 
-        assert one(store, claim)
-        assert len(sent) == 5, sent
-        monkeypatch.undo()
+
+        start = os.path.getsize(trace.name)  # (libpq writes each message out whole)
+        assert one(store, lambda tx: claim(e, tx))
+        with open(trace.name) as f:
+            f.seek(start)
+            sent = f.read()
+        # the client waits after each Query and each Sync; a Parse has a Sync of its own
+        sends = [line.split("\t")[2].strip() for line in sent.splitlines()
+                 if line.startswith("F\t")]
+        waits = sends.count("Query") + sends.count("Sync") - sends.count("Parse")
+        assert waits == 4, sent
         r = store.reader()
         got, dirs = r.get(e.id), (r.get(ready), r.get(working))
         assert got is not None and (got.parent, got.state) == (working, State.WORKING)
@@ -414,3 +442,4 @@ def test_a_claim_is_five_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatc
         assert [h[1] for h in r.history(e.id)] == ["claim"]
     finally:
         store.close()
+        trace.close()

@@ -520,9 +520,6 @@ class PostgresStore(Store):
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_max, open=False,
                                     kwargs={**CONNECT_KWARGS, "autocommit": True},
                                     configure=self._configure,
-                                    # a connection the server dropped (a restart) is replaced
-                                    # before a batch starts on it, not found broken mid-batch
-                                    check=ConnectionPool.check_connection,
                                     timeout=CONNECT_TIMEOUT_S * 2, reconnect_timeout=0,
                                     name="spoolfs")
         self._pool.open(wait=False)
@@ -596,13 +593,19 @@ class PostgresStore(Store):
 
     @contextmanager
     def scan(self) -> Iterator[ReadTx]:
-        with self._scan_lock, self._conn() as conn:
+        with self._scan_lock, self._begun("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+                                          ) as (conn, _):
             try:
-                with conn.transaction():
-                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    yield PgRead(_cursor_runner(conn))
-            except psycopg.Error as e:
-                raise unavailable(e) from e
+                yield PgRead(_cursor_runner(conn))
+                conn.execute("COMMIT")
+            except BaseException as e:
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error:
+                    pass
+                if isinstance(e, psycopg.Error):
+                    raise unavailable(e) from e
+                raise
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
@@ -615,37 +618,61 @@ class PostgresStore(Store):
         except psycopg.OperationalError as e:
             raise unavailable(e) from e
 
+    @contextmanager
+    def _begun(self, first: str, params: Sequence[Any] = ()
+               ) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]]:
+        """A connection of the pool, and the cursor of statement ``first`` run on it. A
+        connection the server dropped (a restart) fails at its first statement, before any
+        work: the pool discards it, and the statement runs on another one. (The pool checks
+        no connection it hands out: a check is a round trip.)"""
+        for attempt in range(POOL_MAX + 1):
+            with self._conn() as conn:
+                try:
+                    cur = conn.execute(cast(Any, first), params)
+                except psycopg.OperationalError as e:
+                    if conn.broken and attempt < POOL_MAX:
+                        continue
+                    raise unavailable(e) from e
+                except psycopg.Error as e:
+                    raise unavailable(e) from e
+                yield conn, cur
+                return
+        raise AssertionError("unreachable")
+
     def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,
                   wait: bool = True) -> list[tuple[bool, Any]]:
+        # One round trip, the first function's savepoint included; each next one's is one
+        # more (the last needs no release: the commit ends it).
+        with self._begun("BEGIN; SET LOCAL idle_in_transaction_session_timeout = "
+                         f"{WRITE_IDLE_TIMEOUT_MS}" +
+                         ("" if durable else "; SET LOCAL synchronous_commit = off") +
+                         "; SAVEPOINT op") as (conn, _):
+            return self._run(conn, fns)
+
+    def _run(self, conn: psycopg.Connection[Any], fns: Sequence[Callable[[WriteTx], Any]]
+             ) -> list[tuple[bool, Any]]:
+        """The batch, in the transaction begun on ``conn``."""
         results: list[tuple[bool, Any]] = []
-        with self._conn() as conn:
+        try:
+            tx = PgWrite(_cursor_runner(conn))
+            for i, fn in enumerate(fns):
+                if i:
+                    conn.execute("RELEASE op; SAVEPOINT op")
+                results.append(self._one(conn, tx, fn))
+            self._commit(conn, tx)
+        except psycopg.Error as e:
             try:
-                # One round trip, the first function's savepoint included; each next one's
-                # is one more (the last needs no release: the commit ends it).
-                conn.execute("BEGIN; SET LOCAL idle_in_transaction_session_timeout = "
-                             f"{WRITE_IDLE_TIMEOUT_MS}" +
-                             ("" if durable else "; SET LOCAL synchronous_commit = off") +
-                             "; SAVEPOINT op")
-                tx = PgWrite(_cursor_runner(conn))
-                for i, fn in enumerate(fns):
-                    if i:
-                        conn.execute("RELEASE op; SAVEPOINT op")
-                    results.append(self._one(conn, tx, fn))
-                self._log_changes(conn, tx)
-                conn.execute("COMMIT")
-            except psycopg.Error as e:
-                try:
-                    conn.execute("ROLLBACK")
-                except psycopg.Error:
-                    pass
-                log.error("database commit failed: %s", e)
-                raise unavailable(e) from e
-            except BaseException:
-                try:
-                    conn.execute("ROLLBACK")
-                except psycopg.Error:
-                    pass
-                raise
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
+                pass
+            log.error("database commit failed: %s", e)
+            raise unavailable(e) from e
+        except BaseException:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
+                pass
+            raise
         return results
 
     def _one(self, conn: psycopg.Connection[Any], tx: PgWrite, fn: Callable[[WriteTx], Any]
@@ -677,43 +704,43 @@ class PostgresStore(Store):
         conn.execute("ROLLBACK TO op")
         tx.undo(mark)
 
-    def _log_changes(self, conn: psycopg.Connection[Any], tx: PgWrite) -> None:
-        """The batch's change rows and history rows, in one statement: one round trip however
-        many rows (and never a pipeline: a session stopped inside one is not idle to the
-        server, and keeps its locks). The lock, held to the commit, is taken before the first
-        change row draws its sequence number: change rows of concurrent transactions are
-        numbered in commit order. NOTIFY is sent at commit."""
+    def _commit(self, conn: psycopg.Connection[Any], tx: PgWrite) -> None:
+        """The batch's change rows and history rows, and the commit: one round trip however
+        many rows. The statement is bound here (a client-side cursor: a prepared statement
+        cannot carry two commands) and sent with the COMMIT in one message, so no daemon can
+        stop between the two; and never as a pipeline, which would leave a stopped session
+        not idle to the server, keeping its locks. The lock, held to the commit, is taken
+        before the first change row draws its sequence number: change rows of concurrent
+        transactions are numbered in commit order. NOTIFY is sent at commit."""
         history = tx.history_rows()
+        if not tx.changed and not history:
+            conn.execute("COMMIT")
+            return
         noted = ("noted AS (INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, "
                  "reason) SELECT h.entry, h.at_ns, h.action, h.src, h.dst, h.uid, h.pid, "
                  "h.reason FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], "
                  "%s::text[], %s::bigint[], %s::bigint[], %s::text[]) WITH ORDINALITY "
                  "AS h(entry, at_ns, action, src, dst, uid, pid, reason, n) ORDER BY h.n)")
-        columns = [list(col) for col in zip(*history, strict=True)]
+        columns: list[Any] = [list(col) for col in zip(*history, strict=True)]
         if not tx.changed:
-            if history:
-                conn.execute(f"WITH {noted} SELECT 1", columns)
-            return
-        rows = list(dict.fromkeys(tx.changed))
-        conn.execute(
-            "WITH held AS (SELECT pg_advisory_xact_lock(%s)), "
-            "logged AS (INSERT INTO changes (entry, parent, name, old_parent, old_name, origin) "
-            "  SELECT c.*, %s FROM held, unnest(%s::bigint[], %s::bigint[], %s::bytea[], "
-            "  %s::bigint[], %s::bytea[]) AS c) " + (f", {noted} " if history else "") +
-            "SELECT pg_notify(%s, '')",
-            (schema.LOCK_CHANGES, self.origin, *(list(col) for col in zip(*rows, strict=True)),
-             *columns, schema.CHANNEL))
+            query, params = f"WITH {noted} SELECT 1", columns
+        else:
+            rows = list(dict.fromkeys(tx.changed))
+            query = ("WITH held AS (SELECT pg_advisory_xact_lock(%s)), "
+                     "logged AS (INSERT INTO changes (entry, parent, name, old_parent, "
+                     "old_name, origin) SELECT c.*, %s FROM held, unnest(%s::bigint[], "
+                     "%s::bigint[], %s::bytea[], %s::bigint[], %s::bytea[]) AS c) "
+                     + (f", {noted} " if history else "") + "SELECT pg_notify(%s, '')")
+            params = [schema.LOCK_CHANGES, self.origin,
+                      *(list(col) for col in zip(*rows, strict=True)), *columns,
+                      schema.CHANNEL]
+        psycopg.ClientCursor(conn).execute(cast(Any, query + "; COMMIT"), params)
 
     def reserve_blob_id(self) -> int:
         """A blob id no other row will take: content is stored under it before the
         transaction that inserts its row (``blob_insert(..., blob_id=)``)."""
-        with self._conn() as conn:
-            try:
-                row = conn.execute("SELECT nextval(pg_get_serial_sequence('blobs', 'id'))"
-                                   ).fetchone()
-                conn.commit()
-            except psycopg.Error as e:
-                raise unavailable(e) from e
+        with self._begun("SELECT nextval(pg_get_serial_sequence('blobs', 'id'))") as (_, cur):
+            row = cur.fetchone()
         assert row is not None
         return int(row[0])
 
@@ -724,14 +751,10 @@ class PostgresStore(Store):
         return int(row[0]) if row else 0
 
     def changes_since(self, seq: int, limit: int = CHANGES_PAGE) -> list[Change]:
-        with self._conn() as conn:
-            try:
-                rows = conn.execute(
-                    "SELECT seq, entry, parent, name, old_parent, old_name, origin FROM changes "
-                    "WHERE seq > %s ORDER BY seq LIMIT %s", (seq, limit)).fetchall()
-                conn.commit()
-            except psycopg.Error as e:
-                raise unavailable(e) from e
+        with self._begun("SELECT seq, entry, parent, name, old_parent, old_name, origin "
+                         "FROM changes WHERE seq > %s ORDER BY seq LIMIT %s",
+                         (seq, limit)) as (_, cur):
+            rows = cur.fetchall()
         return [Change(s, e, p, bytes(n) if n is not None else None, op,
                        bytes(on) if on is not None else None, o)
                 for s, e, p, n, op, on, o in rows]
@@ -755,14 +778,9 @@ class PostgresStore(Store):
     def prune_changes(self, before_s: float) -> int:
         """Drop change rows older than ``before_s`` seconds (gc): a follower that was away
         longer than that has reconnected and dropped its whole cache anyway."""
-        with self._conn() as conn:
-            try:
-                n = conn.execute("DELETE FROM changes WHERE at < now() - make_interval(secs => %s)",
-                                 (before_s,)).rowcount
-                conn.commit()
-            except psycopg.Error as e:
-                raise unavailable(e) from e
-        return n
+        with self._begun("DELETE FROM changes WHERE at < now() - make_interval(secs => %s)",
+                         (before_s,)) as (_, cur):
+            return cur.rowcount
 
     def close(self) -> None:
         self._reader.close()
