@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import trio
 
 from spoolfs.core.errors import StoreFailure
+from spoolfs.service import follower
 from spoolfs.service.follower import Follower
 
 
@@ -39,13 +41,15 @@ class Feed:
         if self.down:
             raise StoreFailure("database unreachable")
         self.asked.append(seq)
-        return [c for c in self.log if c.seq > seq][:2]  # in pages, as a real feed may
+        return [c for c in self.log if c.seq > seq][:limit]
 
     def wait_changes(self, timeout: float) -> bool:
         return False
 
 
-async def test_only_other_daemons_changes_are_applied_in_order() -> None:
+async def test_only_other_daemons_changes_are_applied_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(follower, "PAGE", 2)  # in pages
     feed = Feed()
     feed.log.append(Ch(1, 10, "other", 5, b"old"))  # before the follower started: not replayed
     gone: list[tuple[int, bytes]] = []
@@ -57,8 +61,12 @@ async def test_only_other_daemons_changes_are_applied_in_order() -> None:
     assert await f.catch_up() == 2
     assert set(gone) == {(5, b"a"), (6, b"a2")}  # where it was and where it is
     assert [i for ids in stale for i in ids] == [11, 11]
-    assert f.seq == 4 and feed.asked == [1, 3, 4]
+    # a page that came back short was the end: every commit notifies, and its wake-up is a
+    # query, not two
+    assert f.seq == 4 and feed.asked == [1, 3]
     assert await f.catch_up() == 0
+    assert feed.asked == [1, 3, 4]
+    assert f.seen == 2  # (counted once each, over two pages)
 
 
 async def test_a_store_that_is_away_is_followed_again_from_the_last_change_seen() -> None:

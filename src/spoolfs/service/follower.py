@@ -21,6 +21,7 @@ from spoolfs.core.errors import SpoolError
 log = logging.getLogger(__name__)
 
 POLL = 1.0  # seconds: the longest a change of another host waits to be seen here
+PAGE = 1000  # changes read at once
 RETRY = 1.0  # seconds between attempts while the store is unreachable
 
 
@@ -90,7 +91,7 @@ class Follower:
         n = 0
         assert self.seq is not None
         while True:
-            batch = await self._call(self.feed.changes_since, self.seq)
+            batch = await self._call(self.feed.changes_since, self.seq, PAGE)
             if not batch:
                 return n
             gone: list[tuple[int, bytes]] = []
@@ -101,9 +102,11 @@ class Follower:
                     continue  # this daemon's own: the kernel was told as it happened
                 gone.extend(places(ch))
                 stale.append(int(ch.entry_id))
-                n += 1
             for parent, name in dict.fromkeys(gone):
                 self.on_gone(parent, name)
             if stale:
                 self.on_stale(list(dict.fromkeys(stale)))
-            self.seen += n
+            n += len(stale)
+            self.seen += len(stale)
+            if len(batch) < PAGE:  # the end (a commit after it notifies again)
+                return n
