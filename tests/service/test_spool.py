@@ -584,3 +584,39 @@ async def test_two_sealings_of_one_upload_each_hold_writers_back(env: tuple[Spoo
     assert mid in spool._sealing
     first.__exit__(None, None, None)
     assert mid not in spool._sealing
+
+
+async def test_opening_content_in_a_shared_blob_store_reads_its_row_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+    """Each read of a row is a round trip to a database server: an open that makes a remote
+    blob readable here and then opens it reads the blob's row once."""
+    from spoolfs.blobs.files import BlobDir, StagingDir
+    from spoolfs.store.registry import open_store as open_any
+    from spoolfs.store.site import Place
+
+    store = open_any(pg_url)
+    place = Place(pg_url, BlobDir(str(tmp_path / "blobs"), remote=True),
+                  StagingDir(str(tmp_path / "staging")), str(tmp_path), False,
+                  str(tmp_path / "blobs"))
+    spool = Spool(store, place)
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        q = Q(spool, qe.id)
+        mid = await upload(spool, q[State.PARTIAL], b"f", b"published bytes")
+        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        read = spool.r.blob
+        asked: list[int] = []
+
+        def counting(blob_id: int) -> Any:
+            asked.append(blob_id)
+            return read(blob_id)
+        monkeypatch.setattr(spool.r, "blob", counting)
+        h = await spool.open(mid, False, False, WHO)
+        try:
+            assert h.read(0, 100) == b"published bytes"
+        finally:
+            await spool.close(h, WHO)
+        assert len(asked) == 1, asked
+        spool.committer.close()
+    store.close()

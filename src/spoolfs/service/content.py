@@ -18,7 +18,7 @@ from spoolfs.blobs.base import BlobStore
 from spoolfs.blobs.running import RunningHash, keeps_marks, mark_reopened
 from spoolfs.blobs.writeback import STEP, WRITEBACK
 from spoolfs.core.errors import NoSpace, NotPermitted, SpoolError, StoreFailure, TooLarge
-from spoolfs.store.base import Entry, ReadTx, WriteTx
+from spoolfs.store.base import Blob, Entry, ReadTx, WriteTx
 
 #: Content up to this size lives inline in the metadata store: one fsync for data and metadata,
 #: and no blob files to create and delete for the typical small message.
@@ -161,7 +161,10 @@ class Content:
         #: keep the mark that tells another daemon's running hash of a writer it cannot see
         self.hashes_ahead = keeps_marks(staging.root)
 
-    def open(self, r: ReadTx, entry: Entry, writable: bool) -> Handle:
+    def open(self, r: ReadTx, entry: Entry, writable: bool, blob: Blob | None = None
+             ) -> Handle:
+        """A handle on the message's content; ``blob``: its blob row, when the caller read
+        it already (``fetch``)."""
         if entry.staged:
             try:
                 fd = self.staging.open(entry.id, create=True)
@@ -181,7 +184,8 @@ class Content:
             return h
         if entry.blob is None:
             return Handle(entry.id, None, b"", False)
-        blob = r.blob(entry.blob)
+        if blob is None or blob.id != entry.blob:
+            blob = r.blob(entry.blob)
         if blob is None:
             raise StoreFailure(f"content of message {entry.id} is missing")
         if blob.data is not None:
@@ -285,14 +289,15 @@ class Content:
             self.blobs.upload(sealed.staging_path, sealed.sha256, sealed.blob_id)
         return sealed
 
-    def fetch(self, r: ReadTx, entry: Entry) -> None:
+    def fetch(self, r: ReadTx, entry: Entry) -> Blob | None:
         """Make a published message's content readable here (a remote store: into the local
-        cache; blocking)."""
+        cache; blocking); its blob row, for ``open``."""
         if not self.blobs.remote or entry.staged or entry.blob is None:
-            return
+            return None
         blob = r.blob(entry.blob)
         if blob is not None and blob.data is None:
             self.blobs.fetch(blob.sha256, blob.id, blob.size)
+        return blob
 
     def attach(self, tx: WriteTx, entry_id: int, sealed: Sealed) -> None:
         """In a transaction: point the message at the content, sharing an existing blob. (An

@@ -131,7 +131,10 @@ class Uploads(Publishing):
                 await self._clear_setid(e.id, who.pid)  # as a write would
             self.truncate(e, 0)
         if self.content.blobs.remote and not e.staged and e.blob is not None:
-            await trio.to_thread.run_sync(self.content.fetch, self.r, e, limiter=self.limiter)
+            blob = await trio.to_thread.run_sync(self.content.fetch, self.r, e,
+                                                 limiter=self.limiter)
+            return self._open_handle(e, writable, who, self.content.open(self.r, e, writable,
+                                                                         blob))
         return self._open_handle(e, writable, who)
 
     def _check_modify(self, e: Entry) -> None:
