@@ -320,6 +320,34 @@ async def test_a_read_renews_the_lease_once_half_is_gone(env: Env) -> None:
         await spool.close(h, WHO)
 
 
+async def test_a_claimed_message_read_right_away_reads_its_row_once(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer's open, read and close: the open's row shows that neither the first read
+    nor the close has a lease to renew (a lease only grows while claimed), so neither reads
+    the row again (each read is a round trip to a database server)."""
+    spool, q = env.spool, env.q
+    await env.policy(lease_timeout="10s")
+    mid = await upload(spool, q[State.READY], b"f", b"data")
+    w = await env.view()
+    lease = (await claim(spool, q, w, b"f")).lease_ns
+    get = spool.r.get
+    asked: list[int] = []
+
+    def counting(entry_id: int) -> Entry | None:
+        asked.append(entry_id)
+        return get(entry_id)
+    monkeypatch.setattr(spool.r, "get", counting)
+    h = await spool.open(mid, False, False, WHO)
+    try:
+        assert h.read(0, 10) == b"data"
+        await spool.reading(h)
+    finally:
+        await spool.close(h, WHO)
+    assert asked == [mid]
+    monkeypatch.undo()
+    assert spool.get(mid).lease_ns == lease
+
+
 async def test_the_kernel_is_told_of_every_automatic_move(env: Env) -> None:
     """``on_gone`` (the FUSE layer drops the cached name) for each name the timer takes away:
     an expiry's working/ name, a retry's error/ name, a purge's name; and for each name it

@@ -81,8 +81,8 @@ class Handle:
     """One open file. Content outlives unlink: the handle holds its fd or its bytes."""
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
-                 "lease_checked", "lease_id", "queue", "nfs", "kicked", "checks_setid",
-                 "opener_uid", "setid_clear_at", "running")
+                 "lease_checked", "lease_id", "lease_seen", "queue", "nfs", "kicked",
+                 "checks_setid", "opener_uid", "setid_clear_at", "running")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -95,6 +95,8 @@ class Handle:
         self.done = False  # its upload was published when the opener closed it: no more writes
         self.lease_checked = 0.0  # monotonic time a read last looked at the lease
         self.lease_id = entry_id  # the message whose lease an open handle holds (a batch's)
+        #: the end of that lease as the open read it (None: none then), and its queue
+        self.lease_seen: tuple[int | None, int] | None = None
         self.queue: int | None = None  # its queue: the disk guard's policy
         self.nfs = False  # held by an NFS server for its clients (service/uploads.py)
         self.kicked = 0  # its writeback was last started up to this offset

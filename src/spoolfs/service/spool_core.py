@@ -274,19 +274,21 @@ class SpoolCore:
         """Whether a handle on the entry is open through this daemon (it holds the lease)."""
         return entry_id in self._open
 
-    async def _lease_from_now(self, entry_id: int, only_if_due: bool = False) -> None:
+    async def _lease_from_now(self, entry_id: int, only_if_due: bool = False,
+                              seen: tuple[int | None, int] | None = None) -> None:
         """Extend a claimed message's lease to a full timeout from now (a touch, the last
-        close, or a read or open handle once half of the lease is gone)."""
+        close, or a read or open handle once half of the lease is gone). ``seen``: the
+        queue and the lease's end as an open read them: a lease only grows while it is
+        claimed, so when even that one needs no renewal, the row is not read again."""
+        now = self.clock()
+        if seen is not None and self._renewal(seen[0], seen[1], now, only_if_due) is None:
+            return
         e = self.r.get(entry_id)
         if e is None or e.state is not State.WORKING or e.lease_ns is None:
             return
-        policy = self.policies.of(e.queue)
-        now = self.clock()
-        if only_if_due and not L.renewal_due(policy, e.lease_ns, now):
+        until = self._renewal(e.queue, e.lease_ns, now, only_if_due)
+        if until is None:
             return
-        until = L.lease_end(policy, now)
-        if until - e.lease_ns < min(L.NS, policy.lease_timeout // 10):
-            return  # a negligible extension (a close right after the claim): no commit
 
         def fn(tx: WriteTx) -> None:
             cur = tx.get(entry_id)
@@ -296,12 +298,22 @@ class SpoolCore:
 
         await self.tx(fn, durable=False)
 
+    def _renewal(self, queue: int | None, lease_ns: int, now: int, only_if_due: bool
+                 ) -> int | None:
+        """The lease's new end, or None when it needs none (not yet due, or a negligible
+        extension: a close right after the claim)."""
+        policy = self.policies.of(queue)
+        if only_if_due and not L.renewal_due(policy, lease_ns, now):
+            return None
+        until = L.lease_end(policy, now)
+        return None if until - lease_ns < min(L.NS, policy.lease_timeout // 10) else until
+
     async def reading(self, h: Handle) -> None:
         """A read keeps the lease of a claimed message (checked at most once a second)."""
         now = time.monotonic()
         if now - h.lease_checked >= 1.0:
             h.lease_checked = now
-            await self._lease_from_now(h.lease_id, only_if_due=True)
+            await self._lease_from_now(h.lease_id, only_if_due=True, seen=h.lease_seen)
 
     async def renew_held(self) -> None:
         """Extend the leases of claimed messages held open here, once half is gone."""

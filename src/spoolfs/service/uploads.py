@@ -19,7 +19,7 @@ from spoolfs.core.errors import (
     StoreFailure,
 )
 from spoolfs.core.names import check_message_name
-from spoolfs.core.rules import Action
+from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context, fields_of, transition
 from spoolfs.service import batches
 from spoolfs.service.batches import MEMBER, is_dir
@@ -103,6 +103,8 @@ class Uploads(Publishing):
             h.opener_uid = who.uid
         if e.kind == MEMBER:
             h.lease_id = batches.root_of(self.r, e).id
+        elif e.state is State.WORKING and e.lease_ns is not None:
+            h.lease_seen = (e.queue, e.lease_ns)
         if who.nfs:  # the server's descriptor: no lease, no say in when an upload appears
             h.nfs = True
             self._nfs.setdefault(e.id, []).append(h)
@@ -207,7 +209,7 @@ class Uploads(Publishing):
         else:
             self._open.pop(h.lease_id, None)
             if not h.writable:  # (a writable handle is an upload's: never claimed, no lease)
-                await self._lease_from_now(h.lease_id)
+                await self._lease_from_now(h.lease_id, seen=h.lease_seen)
         if not h.writable:
             return
         n = self._writers.get(h.entry_id, 1) - 1
