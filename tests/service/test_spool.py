@@ -16,7 +16,7 @@ import trio
 from helpers.spool import WHO, Q, content, copies, entries_read, running, upload  # noqa: E402
 from helpers.waiting import patience, wait_until
 from spoolfs.blobs import running as running_module
-from spoolfs.blobs.files import CHUNK
+from spoolfs.blobs.files import CHUNK, BlobDir, StagingDir
 from spoolfs.core.errors import Exists, NotEmpty, NotFound, NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.service import batches
@@ -26,6 +26,8 @@ from spoolfs.service.fsck import Fsck
 from spoolfs.service.recovery import orphan_blob_files, recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.base import StoreBusy
+from spoolfs.store.registry import open_store as open_any
+from spoolfs.store.site import Place
 from spoolfs.store.sqlite import open_store
 from spoolfs.store.sqlite_maint import SqliteGcTx
 
@@ -590,10 +592,6 @@ async def test_opening_content_in_a_shared_blob_store_reads_its_row_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
     """Each read of a row is a round trip to a database server: an open that makes a remote
     blob readable here and then opens it reads the blob's row once."""
-    from spoolfs.blobs.files import BlobDir, StagingDir
-    from spoolfs.store.registry import open_store as open_any
-    from spoolfs.store.site import Place
-
     store = open_any(pg_url)
     place = Place(pg_url, BlobDir(str(tmp_path / "blobs"), remote=True),
                   StagingDir(str(tmp_path / "staging")), str(tmp_path), False,
