@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -154,6 +156,49 @@ def test_a_host_stopped_inside_its_transaction_holds_the_others_up_only_briefly(
     assert moved is True
     assert b.reader().get(m.id).name == b"by-b"
     assert len(got) == 1 and "idle-in-transaction" in str(got[0])  # a's changed nothing
+
+
+def test_a_host_killed_while_it_waits_on_a_lock_lets_go_of_the_others(
+        two, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A daemon killed (kill -9: its process gone, its socket closed by its kernel) while one
+    of its statements waits on a row lock: the server notices within a second and ends its
+    session, releasing the locks it took earlier; it does not wait for that statement's
+    lock_timeout (10 s) first. Here host B holds x and waits for y, which host A holds; once
+    B is killed, A takes x well inside B's lock_timeout."""
+    a, _ = two
+    x = one(a, lambda tx: msg(tx, 1, b"x")).id
+    y = one(a, lambda tx: msg(tx, 1, b"y")).id
+    holder = psycopg.connect(a.url)  # host A's transaction holding y
+    holder.execute("UPDATE entries SET attempts = 1 WHERE id = %s", (y,))
+    script = tmp_path / "b.py"
+    script.write_text(
+        "import sys\n"
+        "from spoolfs.store.postgres import PostgresStore\n"
+        "conn = PostgresStore(sys.argv[1]).connect()\n"
+        "conn.execute('UPDATE entries SET attempts = 2 WHERE id = %s', (int(sys.argv[2]),))\n"
+        "print('holding', flush=True)\n"
+        "conn.execute('UPDATE entries SET attempts = 2 WHERE id = %s', (int(sys.argv[3]),))\n")
+    b = subprocess.Popen([sys.executable, str(script), a.url, str(x), str(y)],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert b.stdout is not None and b.stdout.readline() == "holding\n"
+        with psycopg.connect(a.url, autocommit=True) as watch:
+            while not watch.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = "
+                                    "'Lock' AND query LIKE 'UPDATE entries%%'").fetchone():
+                time.sleep(0.05)
+        b.kill()
+        b.wait()
+        with psycopg.connect(a.url) as other:
+            other.execute("SET lock_timeout = '5s'")  # half of B's
+            other.execute("UPDATE entries SET attempts = 3 WHERE id = %s", (x,))
+            other.commit()
+    finally:
+        b.kill()
+        b.wait()
+        if b.stdout is not None:
+            b.stdout.close()
+        holder.rollback()
+        holder.close()
 
 
 def test_ids_are_unique_across_stores(two) -> None:  # type: ignore[no-untyped-def]

@@ -70,9 +70,14 @@ CONNECT_KWARGS: dict[str, Any] = {
     "tcp_user_timeout": 30_000,
     "application_name": "spoolfs",
 }
+#: while a statement runs (waits on a lock), the server looks this often whether its client
+#: is still there: a daemon killed then (its socket closed) has its session ended and its
+#: earlier locks released at once, not when that statement's lock_timeout runs out
+CLIENT_CHECK_MS = 1_000
 SESSION = (f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
            f"SET lock_timeout = {LOCK_TIMEOUT_MS}; "
-           f"SET idle_in_transaction_session_timeout = {IDLE_IN_TX_TIMEOUT_MS}")
+           f"SET idle_in_transaction_session_timeout = {IDLE_IN_TX_TIMEOUT_MS}; "
+           f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
 
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
