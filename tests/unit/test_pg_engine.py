@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -199,6 +199,25 @@ def test_a_host_killed_while_it_waits_on_a_lock_lets_go_of_the_others(
             b.stdout.close()
         holder.rollback()
         holder.close()
+
+
+@pytest.mark.parametrize("version", [130000, 150000])
+def test_a_server_before_14_gets_the_settings_it_has(version: int) -> None:
+    """client_connection_check_interval came with PostgreSQL 14: an older server would refuse
+    every connection that set it."""
+    from spoolfs.store import postgres
+
+    class Conn:
+        class info:  # noqa: N801 (psycopg's attribute)
+            server_version = version
+        sent: list[str] = []
+
+        def execute(self, query: str) -> None:
+            self.sent.append(query)
+    conn = Conn()
+    postgres._session(cast(Any, conn))
+    assert conn.sent[0].startswith(postgres.SESSION)
+    assert ("client_connection_check_interval" in conn.sent[0]) == (version >= 140000)
 
 
 def test_ids_are_unique_across_stores(two) -> None:  # type: ignore[no-untyped-def]

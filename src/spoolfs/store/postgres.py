@@ -70,14 +70,19 @@ CONNECT_KWARGS: dict[str, Any] = {
     "tcp_user_timeout": 30_000,
     "application_name": "spoolfs",
 }
-#: while a statement runs (waits on a lock), the server looks this often whether its client
-#: is still there: a daemon killed then (its socket closed) has its session ended and its
-#: earlier locks released at once, not when that statement's lock_timeout runs out
-CLIENT_CHECK_MS = 1_000
 SESSION = (f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
            f"SET lock_timeout = {LOCK_TIMEOUT_MS}; "
-           f"SET idle_in_transaction_session_timeout = {IDLE_IN_TX_TIMEOUT_MS}; "
-           f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
+           f"SET idle_in_transaction_session_timeout = {IDLE_IN_TX_TIMEOUT_MS}")
+#: while a statement runs (waits on a lock), the server looks this often whether its client
+#: is still there: a daemon killed then (its socket closed) has its session ended and its
+#: earlier locks released at once, not when that statement's lock_timeout runs out.
+#: PostgreSQL 14 and later; an older server keeps them until then.
+CLIENT_CHECK = "SET client_connection_check_interval = 1000"
+
+
+def _session(conn: psycopg.Connection[Any]) -> None:
+    """Every connection's settings (SESSION, and CLIENT_CHECK where the server has it)."""
+    conn.execute(SESSION if conn.info.server_version < 140000 else f"{SESSION}; {CLIENT_CHECK}")
 
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
@@ -540,11 +545,11 @@ class PostgresStore(Store):
 
     @staticmethod
     def _configure(conn: psycopg.Connection[Any]) -> None:
-        conn.execute(SESSION)  # autocommit: transactions are begun and ended explicitly
+        _session(conn)  # autocommit: transactions are begun and ended explicitly
 
     def connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self.url, autocommit=True, **CONNECT_KWARGS)
-        conn.execute(SESSION)
+        _session(conn)
         conn.autocommit = autocommit
         return conn
 
