@@ -82,7 +82,7 @@ class Uploads(Publishing):
             raise
         if pooled is None:
             self.staging_pool.used(e.id)
-        return e, self._open_handle(e, writable=True, who=who, handle=made[-1])
+        return e, self._open_handle(e, writable=True, who=who, h=made[-1])
 
     async def _create_member(self, d: Entry, name: bytes, mode: int, who: Who
                              ) -> tuple[Entry, Handle]:
@@ -93,9 +93,8 @@ class Uploads(Publishing):
         return await self._new_upload(d, name, mode, who, self.clock(), kind=MEMBER,
                                       queue=root.queue)
 
-    def _open_handle(self, e: Entry, writable: bool, who: Who, handle: Handle | None = None
-                     ) -> Handle:
-        h = handle if handle is not None else self.content.open(self.r, e, writable)
+    def _open_handle(self, e: Entry, writable: bool, who: Who, h: Handle) -> Handle:
+        """``h``, a handle on ``e``'s content, registered as this opener's."""
         h.opener = who.pid
         h.queue = e.queue
         if writable and not who.nfs:  # an NFS server acts for clients it does not name
@@ -132,12 +131,11 @@ class Uploads(Publishing):
             if not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
                 await self._clear_setid(e.id, who.pid)  # as a write would
             self.truncate(e, 0)
+        blob = None  # the blob row, when making the content readable here read it
         if self.content.blobs.remote and not e.staged and e.blob is not None:
             blob = await trio.to_thread.run_sync(self.content.fetch, self.r, e,
                                                  limiter=self.limiter)
-            return self._open_handle(e, writable, who, self.content.open(self.r, e, writable,
-                                                                         blob))
-        return self._open_handle(e, writable, who)
+        return self._open_handle(e, writable, who, self.content.open(self.r, e, writable, blob))
 
     def _check_modify(self, e: Entry) -> None:
         if e.kind == MEMBER:
