@@ -79,11 +79,6 @@ SESSION = (f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
 #: PostgreSQL 14 and later; an older server keeps them until then.
 CLIENT_CHECK = "SET client_connection_check_interval = 1000"
 
-
-def _session(conn: psycopg.Connection[Any]) -> None:
-    """Every connection's settings (SESSION, and CLIENT_CHECK where the server has it)."""
-    conn.execute(SESSION if conn.info.server_version < 140000 else f"{SESSION}; {CLIENT_CHECK}")
-
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 _SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
 _LISTED = (f"SELECT {', '.join(f'e.{c}' for c in LISTED_COLUMNS)}, b.refcount "
@@ -91,6 +86,20 @@ _LISTED = (f"SELECT {', '.join(f'e.{c}' for c in LISTED_COLUMNS)}, b.refcount "
 _BLOB = "SELECT id, sha256, size, refcount, data FROM blobs"
 #: errors that mean another transaction was in the way, not that the function is wrong
 _LOST = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def _session(conn: psycopg.Connection[Any]) -> None:
+    """Every connection's settings (SESSION, and CLIENT_CHECK where the server has it)."""
+    conn.execute(SESSION if conn.info.server_version < 140000 else f"{SESSION}; {CLIENT_CHECK}")
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    """End the transaction on ``conn`` whatever state it is in (a broken connection: the
+    pool discards it)."""
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error:
+        pass
 
 
 class IntegrityError(ValueError):
@@ -608,13 +617,11 @@ class PostgresStore(Store):
             try:
                 yield PgRead(_cursor_runner(conn))
                 conn.execute("COMMIT")
-            except BaseException as e:
-                try:
-                    conn.execute("ROLLBACK")
-                except psycopg.Error:
-                    pass
-                if isinstance(e, psycopg.Error):
-                    raise unavailable(e) from e
+            except psycopg.Error as e:
+                _rollback(conn)
+                raise unavailable(e) from e
+            except BaseException:
+                _rollback(conn)
                 raise
 
     @contextmanager
@@ -671,17 +678,11 @@ class PostgresStore(Store):
                 results.append(self._one(conn, tx, fn))
             self._commit(conn, tx)
         except psycopg.Error as e:
-            try:
-                conn.execute("ROLLBACK")
-            except psycopg.Error:
-                pass
+            _rollback(conn)
             log.error("database commit failed: %s", e)
             raise unavailable(e) from e
         except BaseException:
-            try:
-                conn.execute("ROLLBACK")
-            except psycopg.Error:
-                pass
+            _rollback(conn)
             raise
         return results
 
