@@ -250,6 +250,24 @@ def test_a_commit_wakes_a_waiting_follower(two) -> None:  # type: ignore[no-unty
     assert a.wait_changes(30) is True
 
 
+def test_a_daemons_own_commits_do_not_wake_its_follower(two) -> None:  # type: ignore[no-untyped-def]
+    """Its own changes need no invalidation: waking for each would cost the follower a read
+    of the change log and three thread hand-offs per commit, beside every request."""
+    a, b = two
+    assert a.wait_changes(0.01) is False
+    for i in range(3):
+        one(a, lambda tx, i=i: msg(tx, 1, b"own%d" % i))
+    assert a.wait_changes(0.3) is False
+    one(a, lambda tx: msg(tx, 1, b"own-again"))
+    one(b, lambda tx: msg(tx, 1, b"theirs"))
+    assert a.wait_changes(30) is True
+    for i in range(3):  # a burst of another host's commits: one wake answers them all
+        one(b, lambda tx, i=i: msg(tx, 1, b"burst%d" % i))
+    time.sleep(0.2)
+    assert a.wait_changes(30) is True
+    assert a.wait_changes(0.05) is False
+
+
 def test_opening_a_set_up_database_takes_no_table_lock(pg_url: str) -> None:
     """A daemon mounting (or restarting after kill -9) beside busy hosts: the schema is
     already there, so opening takes no lock on the tables. Set-up statements take them

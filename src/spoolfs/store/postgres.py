@@ -741,10 +741,10 @@ class PostgresStore(Store):
                      "logged AS (INSERT INTO changes (entry, parent, name, old_parent, "
                      "old_name, origin) SELECT c.*, %s FROM held, unnest(%s::bigint[], "
                      "%s::bigint[], %s::bytea[], %s::bigint[], %s::bytea[]) AS c) "
-                     + (f", {noted} " if history else "") + "SELECT pg_notify(%s, '')")
+                     + (f", {noted} " if history else "") + "SELECT pg_notify(%s, %s)")
             params = [schema.LOCK_CHANGES, self.origin,
                       *(list(col) for col in zip(*rows, strict=True)), *columns,
-                      schema.CHANNEL]
+                      schema.CHANNEL, self.origin]
         psycopg.ClientCursor(conn).execute(cast(Any, query + "; COMMIT"), params)
 
     def reserve_blob_id(self) -> int:
@@ -771,15 +771,24 @@ class PostgresStore(Store):
                 for s, e, p, n, op, on, o in rows]
 
     def wait_changes(self, timeout: float) -> bool:
-        """Block until another commit notifies (True) or ``timeout`` passes (False)."""
+        """Block until another daemon's commit notifies (True) or ``timeout`` passes (False).
+        A notification names the daemon that committed (its payload): this daemon's own are
+        passed over, since it told the kernel of its changes as it made them. Once one of
+        another's arrives, those already queued behind it are taken too, so that a burst of
+        commits costs the follower one read of the log, not one each. (An empty payload, from
+        a daemon of an earlier version, counts as another's.)"""
         try:
             if self._listen is None or self._listen.closed:
                 self._listen = self.connect(autocommit=True)
                 self._listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(schema.CHANNEL)))
-            got = False
-            for _ in self._listen.notifies(timeout=timeout, stop_after=1):
-                got = True
-            return got
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                if any(n.payload != self.origin
+                       for n in self._listen.notifies(timeout=left, stop_after=1)):
+                    for _ in self._listen.notifies(timeout=0):
+                        pass
+                    return True
+            return False
         except psycopg.Error as e:
             if self._listen is not None:
                 self._listen.close()
