@@ -16,7 +16,7 @@ import psycopg
 
 from spoolfs.store import pg_schema
 from spoolfs.store.base import FsckTx, Maintenance
-from spoolfs.store.postgres import PostgresStore, unavailable
+from spoolfs.store.postgres import PostgresStore, rows_of, unavailable
 from spoolfs.store.sqlite_maint import SqliteFsckTx
 
 #: SQLite's pragmas fsck asks, and what they mean on a database that enforces its constraints
@@ -60,7 +60,7 @@ class _Adapter:
             q += " RETURNING id"
         try:
             cur = self.conn.execute(cast(Any, q), params)
-            rows = cur.fetchall() if cur.description is not None else []
+            rows = rows_of(cur)
         except psycopg.Error as e:
             raise unavailable(e) from e
         lastrowid = int(rows[0][0]) if returning and rows else None
