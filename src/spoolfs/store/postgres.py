@@ -482,9 +482,11 @@ def rows_of(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
 
 def _cursor_runner(conn: psycopg.Connection[Any]
                    ) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
+    cur = conn.cursor()  # one for the transaction: each statement's rows are read whole
+
     def run(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         try:
-            cur = conn.execute(cast(Any, query), params, prepare=True)
+            cur.execute(cast(Any, query), params, prepare=True)
         except psycopg.errors.IntegrityError as e:
             raise IntegrityError(str(e).splitlines()[0]) from e
         return rows_of(cur)
@@ -499,16 +501,17 @@ class _Reader(PgRead):
         super().__init__(self._query)
         self._store = store
         self._conn: psycopg.Connection[Any] | None = None
+        self._cur: psycopg.Cursor[Any] | None = None  # the connection's, for every query
         self._lock = threading.Lock()
 
     def _query(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
             for attempt in (1, 2):
                 try:
-                    if self._conn is None or self._conn.closed:
+                    if self._conn is None or self._conn.closed or self._cur is None:
                         self._conn = self._store.connect(autocommit=True)
-                    cur = self._conn.execute(cast(Any, query), params, prepare=True)
-                    return rows_of(cur)
+                        self._cur = self._conn.cursor()
+                    return rows_of(self._cur.execute(cast(Any, query), params, prepare=True))
                 except psycopg.OperationalError as e:
                     self.close()
                     if attempt == 2 or isinstance(e, psycopg.errors.QueryCanceled):
@@ -524,6 +527,7 @@ class _Reader(PgRead):
             except psycopg.Error:
                 pass
             self._conn = None
+            self._cur = None
 
 
 class PostgresStore(Store):
