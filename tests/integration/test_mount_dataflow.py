@@ -621,7 +621,7 @@ id=$2 ack=$3 stop=$4
 i=0
 while [ ! -e "$stop" ]; do
   i=$((i+1)); n="p${id}_$i"
-  { printf '%s\n' "$n"; head -c 3000 /dev/zero; } > "partial/$n" 2>/dev/null || continue
+  { printf '%s\n' "$n"; head -c 3000 /dev/zero; } 2>/dev/null > "partial/$n" || continue
   mv -- "partial/$n" ready/ 2>/dev/null && printf '%s\n' "$n" >> "$ack"
 done
 """
@@ -654,8 +654,8 @@ def test_kill9_during_fanout_publishes_all_or_none(mounter: MountFactory, store:
     m.kill9()
     stop.touch()
     for p in procs.started:
-        try:
-            p.wait(timeout=patience(30))
+        try:  # reading its output as it ends: a full pipe would hold it
+            p.communicate(timeout=patience(30))
         except subprocess.TimeoutExpired:
             raise AssertionError("a producer hung after the daemon died") from None
     published = acked()
