@@ -618,3 +618,38 @@ async def test_opening_content_in_a_shared_blob_store_reads_its_row_once(
         assert len(asked) == 1, asked
         spool.committer.close()
     store.close()
+
+
+async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+    """On a database server each query is a round trip, waited for on the event loop: before
+    its transaction, a rename reads the row it moves and the directory it moves it into
+    together. A name gone, or a target directory gone, is still ENOENT."""
+    store = open_any(pg_url)
+    spool = Spool(store, str(tmp_path))
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        q = Q(spool, qe.id)
+        mid = await upload(spool, q[State.PARTIAL], b"f", b"bytes")
+        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        w1 = await spool.mkdir(q[State.WORKING], b"w1", 0o755, WHO)
+        gone = await spool.mkdir(q[State.WORKING], b"gone", 0o755, WHO)
+        await spool.rmdir(q[State.WORKING], b"gone", WHO)
+        asked: list[str] = []
+        run = spool.r._run  # type: ignore[attr-defined]
+
+        def counting(query: str, params: Any) -> Any:
+            asked.append(query)
+            return run(query, params)
+        monkeypatch.setattr(spool.r, "_run", counting)
+        with pytest.raises(NotFound):
+            await spool.rename(q[State.READY], b"f", gone.id, b"f", 0, WHO)
+        with pytest.raises(NotFound):
+            await spool.rename(q[State.READY], b"nothing", w1.id, b"f", 0, WHO)
+        asked.clear()
+        await spool.rename(q[State.READY], b"f", w1.id, b"f", 0, WHO)
+        assert len(asked) == 1, asked
+        assert spool.get(mid).parent == w1.id
+        spool.committer.close()
+    store.close()

@@ -52,6 +52,20 @@ def test_insert_lookup_bytes_names(store: Store) -> None:
     assert got is not None and got.id == e.id and got.name == name and got.state is State.READY
 
 
+def test_lookup_and_get_read_what_each_reads(store: Store) -> None:
+    """A rename's two reads, together (one round trip on a database server): each answer
+    is what its own read gives, whichever is missing, and when both are the same row."""
+    d = one(store, lambda tx: tx.insert(parent=1, name=b"dir", kind="state", mode=0o40755,
+                                        mtime_ns=1, ctime_ns=1, created_ns=1))
+    e = one(store, lambda tx: msg(tx, d.id, b"m", size=5))
+    r = store.reader()
+    for parent, name, other in ((d.id, b"m", d.id), (d.id, b"m", 999_999), (d.id, b"x", d.id),
+                                (d.id, b"x", 999_999), (1, b"dir", d.id), (d.id, b"m", e.id)):
+        assert r.lookup_and_get(parent, name, other) == (r.lookup(parent, name), r.get(other))
+    got, where = r.lookup_and_get(d.id, b"m", d.id)
+    assert got is not None and where is not None and (got.id, where.id) == (e.id, d.id)
+
+
 def test_move_is_compare_and_set(store: Store) -> None:
     e = one(store, lambda tx: msg(tx, 1, b"a"))
     assert one(store, lambda tx: tx.move(e.id, 1, b"a", 1, b"b", state=State.WORKING))

@@ -45,14 +45,15 @@ class Moving(Uploads):
         if flags & (RENAME_EXCHANGE | RENAME_WHITEOUT):
             raise Invalid("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
         check_message_name(new_name)
-        src = self.lookup(parent, name)
+        src, d = self.lookup_into(parent, name, new_parent)
         if src.kind == MEMBER:
             await self._rename_member(src, parent, new_parent, new_name, flags)
             return False
         if src.kind != "message":
             await self._rename_dir(src, parent, new_parent, new_name, flags)
             return False
-        d = self.get(new_parent)
+        if d is None:
+            raise NotFound(f"no entry {new_parent}")
         dst_state = self._message_dir(d)
         src_kind, dst_kind = self.kind(src), rules.kind_of(dst_state, new_name)
         scope = rules.scope_of(parent == new_parent, src.queue == d.queue)

@@ -167,6 +167,18 @@ class SpoolCore:
             raise NotFound()
         return e
 
+    def lookup_into(self, parent: int, name: bytes, new_parent: int
+                    ) -> tuple[Entry, Entry | None]:
+        """``lookup(parent, name)``, and the entry ``new_parent`` (None when it is gone), read
+        together: a rename's reads before its transaction, one round trip on a database
+        server."""
+        if len(name) > 255:
+            check_message_name(name)
+        e, d = self.r.lookup_and_get(parent, name, new_parent)
+        if e is None or e.hidden:
+            raise NotFound()
+        return e, d
+
     def find(self, parent: int, name: bytes, who: Who | None = None) -> Entry | None:
         """The visible entry ``parent/name``, or None when the name is free; NotFound (never
         None) when an unpublished upload holds the name, which may appear at any close. An

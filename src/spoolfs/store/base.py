@@ -117,6 +117,13 @@ class ReadTx(abc.ABC):
     @abc.abstractmethod
     def lookup(self, parent: int, name: bytes) -> Entry | None: ...
 
+    def lookup_and_get(self, parent: int, name: bytes, entry_id: int
+                       ) -> tuple[Entry | None, Entry | None]:
+        """``lookup(parent, name)`` and ``get(entry_id)``: what a rename reads before its
+        transaction (the row it moves, the directory it moves it into). A database server's
+        engine reads both in one round trip."""
+        return self.lookup(parent, name), self.get(entry_id)
+
     @abc.abstractmethod
     def children(self, parent: int) -> list[Entry]: ...
 

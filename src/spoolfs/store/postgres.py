@@ -80,7 +80,11 @@ SESSION = (f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
 CLIENT_CHECK = "SET client_connection_check_interval = 1000"
 
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
-_SEL = f"SELECT {_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
+_ROW = f"{_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
+_SEL = f"SELECT {_ROW}"
+#: a rename's two reads in one round trip, each row tagged with which it answers
+_LOOKUP_AND_GET = (f"SELECT 0, {_ROW} WHERE e.parent=%s AND e.name=%s UNION ALL "
+                   f"SELECT 1, {_ROW} WHERE e.id=%s")
 _LISTED = (f"SELECT {', '.join(f'e.{c}' for c in LISTED_COLUMNS)}, b.refcount "
            "FROM entries e LEFT JOIN blobs b ON b.id = e.blob")
 _BLOB = "SELECT id, sha256, size, refcount, data FROM blobs"
@@ -160,6 +164,13 @@ class PgRead(ReadTx):
     def lookup(self, parent: int, name: bytes) -> Entry | None:
         row = self.q1(f"{_SEL} WHERE e.parent=%s AND e.name=%s", (parent, name))
         return Entry.from_row(row) if row else None
+
+    def lookup_and_get(self, parent: int, name: bytes, entry_id: int
+                       ) -> tuple[Entry | None, Entry | None]:
+        found: list[Entry | None] = [None, None]
+        for row in self.q(_LOOKUP_AND_GET, (parent, name, entry_id)):
+            found[row[0]] = Entry.from_row(row[1:])
+        return found[0], found[1]
 
     def children(self, parent: int) -> list[Entry]:
         return self._entries(f"{_SEL} WHERE e.parent=%s ORDER BY e.id", (parent,))
