@@ -183,10 +183,10 @@ async def test_upload_into_ready_is_hidden_until_closed(env: tuple[Spool, Q]) ->
 async def test_an_upload_reads_its_row_once_per_step(env: tuple[Spool, Q]) -> None:
     """``cp x ready/``, as fuse/ops.py drives it: create, a write, the close that publishes,
     the release. Each step reads the row it needs once: the directory and the new row at
-    create, the mode at the first write (another daemon of the store may have changed it),
-    the upload at the close and again in the publishing transaction. The publish reads no
-    row it just changed; the release after a publish reads nothing (each such read is a
-    query, and the hot path of every producer)."""
+    create, the upload at the close and again in the publishing transaction; the first
+    write reads no mode (no other opener can reach an upload into ready/ before it appears).
+    The publish reads no row it just changed; the release after a publish reads nothing
+    (each such read is a query, and the hot path of every producer)."""
     spool, q = env
     await upload(spool, q[State.READY], b"first", b"1")  # (the metrics learn the queue's name)
     with entries_read() as read:
@@ -197,7 +197,7 @@ async def test_an_upload_reads_its_row_once_per_step(env: tuple[Spool, Q]) -> No
         pending = spool.pending_upload(h)
         await spool.publish_at_close(h, WHO, None, pending)
         await spool.close(h, WHO)
-    assert read[0] <= 5, f"{read[0]} rows read to upload one file"
+    assert read[0] <= 4, f"{read[0]} rows read to upload one file"
     got = spool.lookup(q[State.READY], b"x")
     assert (got.id, got.size, got.hidden) == (e.id, 4, False)
     assert content(spool, e.id) == b"data"

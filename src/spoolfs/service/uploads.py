@@ -54,6 +54,7 @@ class Uploads(Publishing):
         (the file made ahead when the pool has one: service/staging_pool.py)."""
         fields.setdefault("ctime_ns", now)
         made: list[Handle] = []
+        modes_seen = self.mode_changes
         pooled = self.staging_pool.take()
         if pooled is not None:
             fields["id"] = pooled[0]
@@ -82,7 +83,12 @@ class Uploads(Publishing):
             raise
         if pooled is None:
             self.staging_pool.used(e.id)
-        return e, self._open_handle(e, writable=True, who=who, h=made[-1])
+        h = self._open_handle(e, writable=True, who=who, h=made[-1])
+        if e.hidden and not setid_bits(e.mode):
+            # an upload into ready/ is no name another opener can reach until it appears:
+            # its mode is this one until this daemon changes it (drop_setid reads no row)
+            h.setid_clear_at = modes_seen
+        return e, h
 
     async def _create_member(self, d: Entry, name: bytes, mode: int, who: Who
                              ) -> tuple[Entry, Handle]:
