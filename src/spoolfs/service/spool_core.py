@@ -68,6 +68,13 @@ def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
 STORE_THREADS = 4
 
 
+def _shown(e: Entry | None) -> Entry:
+    """A row a lookup found, if it is a name: an unpublished upload is none (NotFound)."""
+    if e is None or e.hidden:
+        raise NotFound()
+    return e
+
+
 class SpoolCore:
     #: at most this many sharers are told of a new link count; the rest see it within TIMEOUT.
     #: Identical content is shared however many messages carry it (thousands of one-line
@@ -162,10 +169,7 @@ class SpoolCore:
     def lookup(self, parent: int, name: bytes) -> Entry:
         if len(name) > 255:
             check_message_name(name)
-        e = self.r.lookup(parent, name)
-        if e is None or e.hidden:
-            raise NotFound()
-        return e
+        return _shown(self.r.lookup(parent, name))
 
     def lookup_into(self, parent: int, name: bytes, new_parent: int
                     ) -> tuple[Entry, Entry | None]:
@@ -175,9 +179,7 @@ class SpoolCore:
         if len(name) > 255:
             check_message_name(name)
         e, d = self.r.lookup_and_get(parent, name, new_parent)
-        if e is None or e.hidden:
-            raise NotFound()
-        return e, d
+        return _shown(e), d
 
     def find(self, parent: int, name: bytes, who: Who | None = None) -> Entry | None:
         """The visible entry ``parent/name``, or None when the name is free; NotFound (never
