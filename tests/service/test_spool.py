@@ -6,7 +6,8 @@ import errno
 import hashlib
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -588,6 +589,20 @@ async def test_two_sealings_of_one_upload_each_hold_writers_back(env: tuple[Spoo
     assert mid not in spool._sealing
 
 
+@asynccontextmanager
+async def published(spool: Spool, data: bytes) -> AsyncIterator[tuple[Q, int]]:
+    """``spool`` with its committer running, and ``data`` published as ``q/ready/f``: the
+    queue and the message's id."""
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        q = Q(spool, qe.id)
+        mid = await upload(spool, q[State.PARTIAL], b"f", data)
+        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        yield q, mid
+        spool.committer.close()
+
+
 async def test_opening_content_in_a_shared_blob_store_reads_its_row_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
     """Each read of a row is a round trip to a database server: an open that makes a remote
@@ -597,12 +612,7 @@ async def test_opening_content_in_a_shared_blob_store_reads_its_row_once(
                   StagingDir(str(tmp_path / "staging")), str(tmp_path), False,
                   str(tmp_path / "blobs"))
     spool = Spool(store, place)
-    async with trio.open_nursery() as n:
-        await n.start(spool.committer.run)
-        qe = await spool.mkdir(1, b"q", 0o755, WHO)
-        q = Q(spool, qe.id)
-        mid = await upload(spool, q[State.PARTIAL], b"f", b"published bytes")
-        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    async with published(spool, b"published bytes") as (q, mid):
         read = spool.r.blob
         asked: list[int] = []
 
@@ -616,7 +626,6 @@ async def test_opening_content_in_a_shared_blob_store_reads_its_row_once(
         finally:
             await spool.close(h, WHO)
         assert len(asked) == 1, asked
-        spool.committer.close()
     store.close()
 
 
@@ -627,12 +636,7 @@ async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
     together. A name gone, or a target directory gone, is still ENOENT."""
     store = open_any(pg_url)
     spool = Spool(store, str(tmp_path))
-    async with trio.open_nursery() as n:
-        await n.start(spool.committer.run)
-        qe = await spool.mkdir(1, b"q", 0o755, WHO)
-        q = Q(spool, qe.id)
-        mid = await upload(spool, q[State.PARTIAL], b"f", b"bytes")
-        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    async with published(spool, b"bytes") as (q, mid):
         w1 = await spool.mkdir(q[State.WORKING], b"w1", 0o755, WHO)
         gone = await spool.mkdir(q[State.WORKING], b"gone", 0o755, WHO)
         await spool.rmdir(q[State.WORKING], b"gone", WHO)
@@ -651,5 +655,4 @@ async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
         await spool.rename(q[State.READY], b"f", w1.id, b"f", 0, WHO)
         assert len(asked) == 1, asked
         assert spool.get(mid).parent == w1.id
-        spool.committer.close()
     store.close()
