@@ -205,3 +205,29 @@ def test_a_large_upload_rewritten_through_the_other_mount_is_addressed_by_what_i
     assert ok("getfattr", "--only-values", "-n", "user.spool.sha256",
               q.ready / "big").decode() == digest
     assert ok("sha256sum", q.ready / "big").decode().split()[0] == digest
+
+
+def test_a_file_published_through_one_mount_while_written_through_the_other_appears_whole(
+        mounter: MountFactory, store: Path, tmp_path: Path) -> None:
+    """DESIGN §3: a file moved into ``ready/`` while a writer still holds it open appears
+    when that writer closes, complete, also when the writer uses another mount of the store.
+    Until then nothing may seal it: ``ln`` of it is refused (EPERM), as through its own mount."""
+    a = mounter(store, tmp_path / "a")
+    q = Queue.create(a.path, "q", tmp_path / "scratch")
+    b = mounter(store, tmp_path / "b")
+    fd = os.open(b.path / "q/partial/up", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"first ")
+        wait_until(lambda: (q.partial / "up").exists(), timeout=PROPAGATION,
+                   alive=a.daemon_alive, what="the upload to show in mount A")
+        fails("ln", q.partial / "up", q.ready / "copy", message="Operation not permitted")
+        ok("mv", q.partial / "up", q.ready / "up")
+        assert ls(q.ready) == [] and ls(q.partial) == []  # not before its writer closes
+        os.write(fd, b"second")
+    finally:
+        os.close(fd)
+    wait_until(lambda: ls(q.ready) == ["up"], timeout=PROPAGATION, alive=a.daemon_alive,
+               what="the file to appear in A's ready/ once its writer through B closed")
+    assert read(q.ready / "up") == b"first second"
+    assert ok("getfattr", "--only-values", "-n", "user.spool.sha256",
+              q.ready / "up").decode() == hashlib.sha256(b"first second").hexdigest()

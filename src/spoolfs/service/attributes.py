@@ -36,10 +36,14 @@ class Attributes(Directories):
         copy, and would report a publish that worked as a failure)."""
         e = self.get(entry_id)
         if size is not None:
-            e = await self.unsealed(e)
-            if e.kind in ("message", MEMBER):
-                self._check_modify(e)
-            self.truncate(e, size)
+            e, shares = await self.writing(e)
+            try:
+                if e.kind in ("message", MEMBER):
+                    self._check_modify(e)
+                self.truncate(e, size)
+            finally:
+                if shares:
+                    self.writer_locks.unshare(e.id)
         if (atime_ns is not None or mtime_ns is not None) and e.staged:
             self.content.staging.touch(e.id, atime_ns, mtime_ns)
         fields: dict[str, Any] = {}

@@ -82,7 +82,7 @@ class Handle:
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
                  "lease_checked", "lease_id", "lease_seen", "queue", "nfs", "kicked",
-                 "checks_setid", "opener_uid", "setid_clear_at", "running")
+                 "checks_setid", "opener_uid", "setid_clear_at", "running", "shares", "private")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -108,6 +108,10 @@ class Handle:
         self.setid_clear_at = -1
         #: the upload's content hashed while it is written (blobs/running.py), if it is
         self.running: RunningHash | None = None
+        #: it counts in this daemon's share of the upload's writers' lock (service/writers.py)
+        self.shares = False
+        #: an upload made hidden in ready/ here: no other daemon can reach it to write it
+        self.private = False
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:

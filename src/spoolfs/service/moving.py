@@ -64,9 +64,22 @@ class Moving(Uploads):
             self.guard.check(self.policies.of(d.queue))
         defer = action is Action.PUBLISH and self._writers.get(src.id, 0) > 0
         seals = action is Action.PUBLISH and not defer and (src.staged or is_batch(src))
-        with self._sealing_of(src) if seals else nullcontext():
-            return await self._rename_message(src, d, action, defer, parent, name, new_parent,
-                                              new_name, flags, who)
+        taken = self._exclusive(src) if seals else []
+        elsewhere = taken is None  # a writer through another mount of the store holds it
+        if taken is None:
+            if is_batch(src):
+                raise NotPermitted("a file of the batch is still open for writing through "
+                                   "another mount")
+            taken, defer, seals = [], True, False  # it appears when that writer closes
+        try:
+            with self._sealing_of(src) if seals else nullcontext():
+                deferred = await self._rename_message(src, d, action, defer, parent, name,
+                                                      new_parent, new_name, flags, who)
+        finally:
+            self._unexclusive(taken)
+        if elsewhere:
+            await self.appear_unless_written(src.id, who)
+        return deferred
 
     @contextmanager
     def _sealing_of(self, src: Entry) -> Iterator[None]:
@@ -247,8 +260,15 @@ class Moving(Uploads):
         self.guard.check(self.policies.of(d.queue))
         if src.staged and self._writers.get(src.id, 0) > 0:
             raise NotPermitted("an upload still open for writing cannot be linked")
-        with self._sealing_of(src) if src.staged else nullcontext():
-            return await self._link(src, d, dst_state, action, new_parent, new_name, who)
+        taken = self._exclusive(src) if src.staged else []
+        if taken is None:
+            raise NotPermitted("an upload still open for writing through another mount "
+                               "cannot be linked")
+        try:
+            with self._sealing_of(src) if src.staged else nullcontext():
+                return await self._link(src, d, dst_state, action, new_parent, new_name, who)
+        finally:
+            self._unexclusive(taken)
 
     async def _link(self, src: Entry, d: Entry, dst_state: State, action: Action,
                     new_parent: int, new_name: bytes, who: Who) -> Entry:

@@ -26,12 +26,18 @@ from spoolfs.core.rules import Action, State
 from spoolfs.core.transitions import Context
 from spoolfs.service import batches
 from spoolfs.service.batches import MEMBER, is_batch
-from spoolfs.service.content import Sealed
+from spoolfs.service.content import Handle, Sealed
 from spoolfs.service.moves import apply, make, place
 from spoolfs.service.spool_core import SpoolCore, Who, free_name
 from spoolfs.store.base import Entry, WriteTx
 
 log = logging.getLogger(__name__)
+
+#: a writer waiting for another daemon's seal of its upload looks again after this long, then
+#: twice as long each time, up to ``SEAL_POLL_MAX_S``
+SEAL_POLL_S = 0.005
+SEAL_POLL_MAX_S = 0.1
+
 
 class Publishing(SpoolCore):
     def _arrive(self, tx: WriteTx, entry_id: int, queue: int | None, now: int, who: Who,
@@ -95,7 +101,10 @@ class Publishing(SpoolCore):
         apply(tx, cur, action, State.SUCCESS, Context(now), (who.uid, who.pid),
               into=(success.id, free_name(tx, success.id, cur.name)), why=why, **fields)
 
-    async def _publish_settled(self, e: Entry, who: Who) -> None:
+    async def _publish_settled(self, e: Entry, who: Who, private: bool = False) -> bool:
+        """Publish a hidden upload whose writers here have closed (or move it to
+        ``partial/`` if one did not finish); False when it was left to a writer through
+        another daemon (``_publish_hidden``)."""
         assert e.parent is not None
         done = (e.name, trio.Event())  # registered before the first await: see settle()
         self._settling.setdefault(e.parent, []).append(done)
@@ -105,8 +114,8 @@ class Publishing(SpoolCore):
             unfinished = self._unfinished.get(e.id)
             if unfinished is not None:  # its content may be cut anywhere: never claimable
                 await self._refused_upload(e, who, f"its writer {unfinished}")
-                return
-            await self._publish_hidden(e, who)
+                return True
+            return await self._publish_hidden(e, who, private)
         except (NotFound, StoreFailure):
             raise  # gone meanwhile, or the store failed: recovery at mount reconciles it
         except SpoolError as refused:  # a rejected duplicate, a missing subscriber, ...
@@ -176,6 +185,52 @@ class Publishing(SpoolCore):
             e = self.get(e.id)
         return e
 
+    async def writing(self, e: Entry) -> tuple[Entry, bool]:
+        """``e`` as it is once nothing seals it, through this daemon (``unsealed``) or another
+        of the store, for a handle about to write it or a resize. True: this daemon's share of
+        its writers' lock now counts one more (``writer_locks.unshare`` it), so that no seal
+        begins until it is given back; an upload another daemon cannot reach (made hidden
+        here, or published) takes none. Read again once the share is held: a seal that just
+        ended has published it (the caller refuses to write it)."""
+        delay = SEAL_POLL_S
+        while True:
+            e = await self.unsealed(e)
+            if not e.staged or e.hidden:
+                return e, False
+            if self.writer_locks.try_share(e.id):
+                try:
+                    return self.get(e.id), True
+                except BaseException:
+                    self.writer_locks.unshare(e.id)
+                    raise
+            await trio.sleep(delay)
+            delay = min(2 * delay, SEAL_POLL_MAX_S)
+            e = self.get(e.id)
+
+    def _let_go(self, h: Handle) -> None:
+        """``h`` writes no more: it leaves this daemon's share of its upload's writers' lock."""
+        if h.shares:
+            h.shares = False
+            self.writer_locks.unshare(h.entry_id)
+
+    def _exclusive(self, src: Entry) -> list[int] | None:
+        """Before a publish or a link seals ``src`` (an upload, or a batch's files): the
+        writers' lock of each, held exclusive until ``_unexclusive``. None, holding nothing,
+        while a writer through another daemon of the store holds one of them."""
+        ids = [m.id for m in batches.walk(self.r, src) if m.staged] if is_batch(src) \
+            else [src.id]
+        taken: list[int] = []
+        for i in ids:
+            if not self.writer_locks.try_take(i):
+                self._unexclusive(taken)
+                return None
+            taken.append(i)
+        return taken
+
+    def _unexclusive(self, taken: list[int]) -> None:
+        for i in taken:
+            self.writer_locks.untake(i)
+
     async def mutable_batch(self, e: Entry) -> Entry:
         """The root of the batch ``e`` belongs to (or is), once no publish is sealing it, if
         it is still in partial/ (``batches.check_mutable``): a file made, moved or resized
@@ -187,9 +242,30 @@ class Publishing(SpoolCore):
                 e = self.get(e.id)  # as it is now
         return batches.check_mutable(self.r, e)
 
-    async def _publish_hidden(self, e: Entry, who: Who) -> None:
-        with self.sealing(e.id):
-            await self._publish_sealed(e, who)
+    async def _publish_hidden(self, e: Entry, who: Who, private: bool) -> bool:
+        """Publish a hidden upload: False, leaving it hidden, while a writer through another
+        daemon holds it (that writer's last close publishes it). ``private``: made hidden
+        here, no other daemon can reach it."""
+        taken = [] if private else self._exclusive(e)
+        if taken is None:
+            log.info("upload %d: still open for writing through another mount; it appears "
+                     "when that writer closes", e.id)
+            return False
+        try:
+            with self.sealing(e.id):
+                await self._publish_sealed(e, who)
+        finally:
+            self._unexclusive(taken)
+        return True
+
+    async def appear_unless_written(self, entry_id: int, who: Who) -> None:
+        """A publish left to a writer through another daemon: that writer may have closed
+        before the upload became hidden, and found nothing to publish then. It appears now,
+        unless a writer still holds it (whose last close publishes it: each daemon gives up
+        its share before it looks)."""
+        e = self.r.get(entry_id)
+        if e is not None and e.hidden:
+            await self._publish_settled(e, who)
 
     async def _publish_sealed(self, e: Entry, who: Who) -> None:
         sealed = await self._seal(e)

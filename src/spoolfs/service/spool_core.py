@@ -34,6 +34,7 @@ from spoolfs.service.policies import Policies
 from spoolfs.service.roles import Caller
 from spoolfs.service.snapshots import Full, Snapshots, shown_to
 from spoolfs.service.staging_pool import StagingPool
+from spoolfs.service.writers import WriterLocks
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 from spoolfs.store.site import Place, embedded
 
@@ -90,6 +91,8 @@ class SpoolCore:
         self.store_dir = self.place.local  # this host's part: the disk the guard watches
         self.content = Content(self.place.blobs, self.place.staging,
                                INLINE_MAX if self.place.embedded else 0)
+        #: writers of an upload through other daemons of the store, as a seal must know them
+        self.writer_locks = WriterLocks(self.place.staging)
         #: uploads to and downloads from a remote blob store run in worker threads, at most
         #: this many at once; commits to a networked store have a thread of their own, so a
         #: large upload never holds up a claim

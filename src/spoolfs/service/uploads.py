@@ -65,8 +65,17 @@ class Uploads(Publishing):
             e = tx.insert(parent=d.id, name=name, staged=1, mode=stat.S_IFREG | (mode & 0o7777),
                           uid=who.uid, gid=inherit(d, who.gid, mode, is_dir=False)[0],
                           mtime_ns=now, created_ns=now, **fields)
+            for earlier in made:  # a database server's retry of the transaction
+                self._let_go(earlier)
+                earlier.close()
+            made.clear()
             # held before the row commits
-            made.append(self.content.new_upload(e.id, pooled[1] if pooled else None))
+            h = self.content.new_upload(e.id, pooled[1] if pooled else None)
+            made.append(h)
+            if e.hidden:
+                h.private = True
+            else:  # shared before any other daemon can see the row: nothing seals it yet
+                h.shares = self.writer_locks.try_share(e.id, h.fd)
             return e
 
         try:
@@ -78,6 +87,7 @@ class Uploads(Publishing):
                 named = not isinstance(err, SpoolError) or isinstance(err, StoreFailure)
                 self.staging_pool.unused(pooled[0], pooled[1], remove=not named)
             for h in made:  # rolled back: the file names no row (recovery removes it)
+                self._let_go(h)
                 self.content.forget(h.entry_id)
                 h.close()
             raise
@@ -123,8 +133,22 @@ class Uploads(Publishing):
         e = self.get(entry_id)
         if e.kind not in ("message", MEMBER) or is_dir(e):
             raise IsADirectory()
+        shares = False
         if writable or truncate:
-            e = await self.unsealed(e)
+            e, shares = await self.writing(e)
+        try:
+            h = await self._opened(e, writable, truncate, who)
+        except BaseException:
+            if shares:
+                self.writer_locks.unshare(e.id)
+            raise
+        if shares and not h.writable:  # it only truncated
+            self.writer_locks.unshare(e.id)
+        h.shares = shares and h.writable
+        return self._open_handle(e, h.writable, who, h)
+
+    async def _opened(self, e: Entry, writable: bool, truncate: bool, who: Who) -> Handle:
+        if writable or truncate:
             try:
                 self._check_modify(e)
             except NotPermitted:
@@ -141,7 +165,7 @@ class Uploads(Publishing):
         if self.content.blobs.remote and not e.staged and e.blob is not None:
             blob = await trio.to_thread.run_sync(self.content.fetch, self.r, e,
                                                  limiter=self.limiter)
-        return self._open_handle(e, writable, who, self.content.open(self.r, e, writable, blob))
+        return self.content.open(self.r, e, writable, blob)
 
     def _check_modify(self, e: Entry) -> None:
         if e.kind == MEMBER:
@@ -191,7 +215,8 @@ class Uploads(Publishing):
         if self._writers.get(h.entry_id, 0) > 1:
             return  # another writer holds it: the last close decides
         h.done = h.entry_id not in self._unfinished
-        await self._publish_settled(e, who)
+        if not await self._publish_settled(e, who, h.private):
+            h.done = False  # a writer through another mount holds it: it decides
 
     async def close(self, h: Handle, who: Who) -> None:
         """The last writable handle publishes a pending upload into ``ready/``.
@@ -201,9 +226,13 @@ class Uploads(Publishing):
         try:
             await self._closing(h, who)
         finally:
+            self._let_go(h)
             h.close()
 
     async def _closing(self, h: Handle, who: Who) -> None:
+        # before it looks whether the upload is left to publish: a writer through another
+        # daemon that closes meanwhile then sees this one gone (``appear_unless_written``)
+        self._let_go(h)
         if h.nfs:
             await self._nfs_closing(h, who)
             return
@@ -226,7 +255,7 @@ class Uploads(Publishing):
                 return
             e = self.r.get(h.entry_id)
             if e is not None and e.hidden:
-                await self._publish_settled(e, who)
+                await self._publish_settled(e, who, h.private)
         finally:
             self._failed.discard(h.entry_id)
             self._unfinished.pop(h.entry_id, None)

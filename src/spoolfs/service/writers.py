@@ -1,0 +1,113 @@
+"""This daemon's part in the writers' lock of each upload (blobs/writelock.py): shared while
+it holds writable handles on the upload, exclusive while a publish or a link of its own
+seals it. One descriptor per upload, made by the first of them and closed by the last.
+
+An upload made hidden in ``ready/`` (``cp x ready/``) needs none: no other daemon can
+reach a name that has not appeared, so its handle takes no part (``Handle.private``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from spoolfs.blobs import writelock
+from spoolfs.blobs.files import StagingDir
+from spoolfs.core.errors import StoreFailure
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Held:
+    fd: int
+    handles: int = 0  # writable handles here that share it
+    seals: int = 0  # seals here that hold it exclusive
+
+
+class WriterLocks:
+    def __init__(self, staging: StagingDir) -> None:
+        self.staging = staging
+        self.enabled = writelock.supported(staging.root)
+        if not self.enabled:
+            log.warning("the staging directory %s takes no record locks: a publish through "
+                        "this mount cannot see writers through another mount of the store",
+                        staging.root)
+        self._held: dict[int, _Held] = {}
+
+    def _open(self, entry_id: int, fd: int | None) -> int:
+        try:
+            return os.dup(fd) if fd is not None else self.staging.open(entry_id, create=True)
+        except OSError as e:
+            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
+
+    def _first(self, entry_id: int, fd: int | None, exclusive: bool) -> bool:
+        own = self._open(entry_id, fd)
+        try:
+            ok = writelock.take(own) if exclusive else writelock.share(own)
+        except OSError as e:
+            os.close(own)
+            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
+        if not ok:
+            os.close(own)
+            return False
+        self._held[entry_id] = _Held(own, handles=0 if exclusive else 1,
+                                     seals=1 if exclusive else 0)
+        return True
+
+    def try_share(self, entry_id: int, fd: int | None = None) -> bool:
+        """One more writable handle here on the upload; the lock is held shared from the
+        first (on a copy of ``fd``, a new upload's descriptor, or on one of its own). False,
+        holding nothing more, while another daemon seals it."""
+        if not self.enabled:
+            return True
+        held = self._held.get(entry_id)
+        if held is None:
+            return self._first(entry_id, fd, exclusive=False)
+        held.handles += 1
+        return True
+
+    def unshare(self, entry_id: int) -> None:
+        held = self._held.get(entry_id)
+        if held is not None:
+            held.handles -= 1
+            self._drop_unused(entry_id, held)
+
+    def try_take(self, entry_id: int) -> bool:
+        """Before a seal: the lock held exclusive, until ``untake``. False while another
+        daemon holds writable handles on the upload (this one's are converted)."""
+        if not self.enabled:
+            return True
+        held = self._held.get(entry_id)
+        if held is None:
+            return self._first(entry_id, None, exclusive=True)
+        if held.seals == 0:
+            try:
+                if not writelock.take(held.fd):
+                    return False
+            except OSError as e:
+                raise StoreFailure(f"staging file of {entry_id}: {e}") from e
+        held.seals += 1
+        return True
+
+    def untake(self, entry_id: int) -> None:
+        held = self._held.get(entry_id)
+        if held is None:
+            return
+        held.seals -= 1
+        if held.seals == 0 and held.handles > 0:
+            writelock.share(held.fd)  # converted back: nothing can be in the way
+        self._drop_unused(entry_id, held)
+
+    def _drop_unused(self, entry_id: int, held: _Held) -> None:
+        if held.handles <= 0 and held.seals <= 0:
+            del self._held[entry_id]
+            try:  # a copy of a handle's descriptor: the lock is theirs too, until undone
+                writelock.let_go(held.fd)
+            finally:
+                os.close(held.fd)
+
+    def holding(self) -> int:
+        """Uploads this daemon holds the lock of (a count for the tests and the status)."""
+        return len(self._held)
