@@ -98,3 +98,23 @@ async def test_a_writer_through_another_daemon_goes_on_when_a_seal_fails(
         await b.close(opened[0], WHO)
         assert content(a, e.id) == b"more"
         assert a.writer_locks.holding() == b.writer_locks.holding() == 0
+
+
+async def test_an_upload_the_other_daemon_published_meanwhile_is_not_published_again(
+        tmp_path: Path) -> None:
+    """Both daemons may find the upload left to publish (each looks after giving up its
+    share): the one that seals second finds it published, and says nothing went wrong."""
+    async with running(tmp_path) as a, running(tmp_path) as b:
+        q = Q(a, (await a.mkdir(1, b"q", 0o755, WHO)).id)
+        e, h = await b.create(q[State.PARTIAL], b"up", 0o644, WHO)
+        b.write(h, 0, b"whole")
+        assert await a.rename(q[State.PARTIAL], b"up", q[State.READY], b"up", 0, WHO)
+        seen = a.get(e.id)  # as A saw it: hidden, left to publish
+        assert seen.hidden
+        await b.close(h, WHO)  # B's last close publishes it
+        assert await a._publish_settled(seen, WHO)
+        m = a.get(e.id)
+        assert (m.state, m.hidden, m.staged) == (State.READY, False, False)
+        assert content(a, e.id) == b"whole"
+        assert m.blob is not None and a.r.blob(m.blob).refcount == 1  # attached once
+        assert a.writer_locks.holding() == b.writer_locks.holding() == 0

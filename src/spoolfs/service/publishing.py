@@ -252,6 +252,10 @@ class Publishing(SpoolCore):
                      "when that writer closes", e.id)
             return False
         try:
+            if not private:  # another daemon's last writer may have published it meanwhile
+                cur = self.r.get(e.id)
+                if cur is None or not cur.hidden:
+                    return True
             with self.sealing(e.id):
                 await self._publish_sealed(e, who)
         finally:

@@ -36,14 +36,22 @@ class WriterLocks:
                         staging.root)
         self._held: dict[int, _Held] = {}
 
-    def _open(self, entry_id: int, fd: int | None) -> int:
+    def _open(self, entry_id: int, fd: int | None) -> int | None:
         try:
-            return os.dup(fd) if fd is not None else self.staging.open(entry_id, create=True)
+            if fd is not None:
+                return os.dup(fd)
+            return os.open(self.staging.path(entry_id), os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            # published and removed meanwhile (the caller reads the row next), or never
+            # made: nothing writes it, and no file is made here that no row would name
+            return None
         except OSError as e:
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
 
     def _first(self, entry_id: int, fd: int | None, exclusive: bool) -> bool:
         own = self._open(entry_id, fd)
+        if own is None:
+            return True
         try:
             ok = writelock.take(own) if exclusive else writelock.share(own)
         except OSError as e:
