@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Held:
-    fd: int
+    fd: int  # -1: the upload had no staging file to lock (counted all the same)
     handles: int = 0  # writable handles here that share it
     seals: int = 0  # seals here that hold it exclusive
 
@@ -49,11 +49,10 @@ class WriterLocks:
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
 
     def _first(self, entry_id: int, fd: int | None, exclusive: bool) -> bool:
-        own = self._open(entry_id, fd)
-        if own is None:
-            return True
+        found = self._open(entry_id, fd)
+        own = -1 if found is None else found
         try:
-            ok = writelock.take(own) if exclusive else writelock.share(own)
+            ok = own < 0 or (writelock.take(own) if exclusive else writelock.share(own))
         except OSError as e:
             os.close(own)
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
@@ -90,7 +89,7 @@ class WriterLocks:
         held = self._held.get(entry_id)
         if held is None:
             return self._first(entry_id, None, exclusive=True)
-        if held.seals == 0:
+        if held.seals == 0 and held.fd >= 0:
             try:
                 if not writelock.take(held.fd):
                     return False
@@ -104,13 +103,15 @@ class WriterLocks:
         if held is None:
             return
         held.seals -= 1
-        if held.seals == 0 and held.handles > 0:
+        if held.seals == 0 and held.handles > 0 and held.fd >= 0:
             writelock.share(held.fd)  # converted back: nothing can be in the way
         self._drop_unused(entry_id, held)
 
     def _drop_unused(self, entry_id: int, held: _Held) -> None:
         if held.handles <= 0 and held.seals <= 0:
             del self._held[entry_id]
+            if held.fd < 0:
+                return
             try:  # a copy of a handle's descriptor: the lock is theirs too, until undone
                 writelock.let_go(held.fd)
             finally:
