@@ -285,10 +285,11 @@ class StagingDir:
             self._bucket(entry_id)
         return os.open(self.path(entry_id), flags, 0o600)
 
-    def touch(self, entry_id: int, atime_ns: int | None, mtime_ns: int | None) -> None:
+    def touch(self, entry_id: int, atime_ns: int | None, mtime_ns: int | None,
+              create: bool = True) -> None:
         """Set an upload's access and modification times (they are the staging file's); None
-        keeps the one it names."""
-        fd = self.open(entry_id, create=True)
+        keeps the one it names. ``create``: make the file if it is missing."""
+        fd = self.open(entry_id, create=create)
         try:
             st = os.fstat(fd)
             os.utime(fd, ns=(st.st_atime_ns if atime_ns is None else atime_ns,

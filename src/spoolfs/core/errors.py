@@ -79,6 +79,13 @@ class NoAttribute(SpoolError):
     errno = _errno.ENODATA
 
 
+class Remote(SpoolError):
+    """An upload being written on another host of a shared store: its bytes are there, so
+    only that host reads, writes, resizes, publishes or links it."""
+
+    errno = _errno.EREMOTE
+
+
 class StoreFailure(SpoolError):
     """The store failed (I/O error, database down): EIO, and the transaction rolled back."""
 

@@ -45,7 +45,7 @@ class Attributes(Directories):
                 if shares:
                     self.writer_locks.unshare(e.id)
         if (atime_ns is not None or mtime_ns is not None) and e.staged:
-            self.content.staging.touch(e.id, atime_ns, mtime_ns)
+            self.content.touch(e.id, atime_ns, mtime_ns)
         fields: dict[str, Any] = {}
         if atime_ns is not None and not e.staged:
             fields["atime_ns"] = atime_ns

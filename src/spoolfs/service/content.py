@@ -17,7 +17,14 @@ from spoolfs.blobs import StagingDir, hash_file
 from spoolfs.blobs.base import BlobStore
 from spoolfs.blobs.running import RunningHash, keeps_marks, mark_reopened
 from spoolfs.blobs.writeback import STEP, WRITEBACK
-from spoolfs.core.errors import NoSpace, NotPermitted, SpoolError, StoreFailure, TooLarge
+from spoolfs.core.errors import (
+    NoSpace,
+    NotPermitted,
+    Remote,
+    SpoolError,
+    StoreFailure,
+    TooLarge,
+)
 from spoolfs.store.base import Blob, Entry, ReadTx, WriteTx
 
 #: Content up to this size lives inline in the metadata store: one fsync for data and metadata,
@@ -153,10 +160,14 @@ class Handle:
 
 
 class Content:
-    def __init__(self, blobs: BlobStore, staging: StagingDir, inline_max: int = INLINE_MAX
-                 ) -> None:
+    def __init__(self, blobs: BlobStore, staging: StagingDir, inline_max: int = INLINE_MAX,
+                 local_uploads: bool = False) -> None:
+        """``local_uploads``: the staging directory is this host's alone (a store shared by
+        several hosts): an upload whose staging file is not here is another host's
+        (``Remote``), never one to make an empty file for."""
         self.blobs = blobs
         self.staging = staging
+        self.local_uploads = local_uploads
         #: content up to this size lives in the metadata store (the embedded one); a store
         #: shared by several hosts keeps all content in its blob store (0)
         self.inline_max = inline_max
@@ -172,10 +183,7 @@ class Content:
         """A handle on the message's content; ``blob``: its blob row, when the caller read
         it already (``fetch``)."""
         if entry.staged:
-            try:
-                fd = self.staging.open(entry.id, create=True)
-            except OSError as e:
-                raise StoreFailure(f"staging file of {entry.id}: {e}") from e
+            fd = self._staging_file(entry.id)
             h = Handle(entry.id, fd, None, writable, sealed=False)
             if writable:
                 # Marks the upload as in progress for recovery run by another daemon.
@@ -201,6 +209,34 @@ class Content:
         except OSError as e:
             raise StoreFailure(f"blob file of message {entry.id}: {e}") from e
         return Handle(entry.id, fd, None, False)
+
+    def _staging_file(self, entry_id: int) -> int:
+        """An upload's staging file, open for reading and writing (made if missing, unless
+        it is another host's: ``Remote``)."""
+        try:
+            return self.staging.open(entry_id, create=not self.local_uploads)
+        except FileNotFoundError as e:
+            if self.local_uploads:
+                raise self.remote(entry_id) from e
+            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
+        except OSError as e:
+            raise staging_error(e, f"staging file of {entry_id}") from e
+
+    @staticmethod
+    def remote(entry_id: int) -> Remote:
+        return Remote(f"upload {entry_id} is being written on another host: only that host "
+                      "can read, write, publish or link it")
+
+    def touch(self, entry_id: int, atime_ns: int | None, mtime_ns: int | None) -> None:
+        """Set an upload's times (its staging file's)."""
+        try:
+            self.staging.touch(entry_id, atime_ns, mtime_ns, create=not self.local_uploads)
+        except FileNotFoundError as e:
+            if self.local_uploads:
+                raise self.remote(entry_id) from e
+            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
+        except OSError as e:
+            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
 
     def new_upload(self, entry_id: int, made: int | None = None) -> Handle:
         """The empty staging file of a new upload, created and held for writing. Called in
@@ -237,10 +273,7 @@ class Content:
     def resize(self, entry_id: int, size: int) -> None:
         """Resize an upload's staging file (its size is the file's: no transaction)."""
         self.forget(entry_id)
-        try:
-            fd = self.staging.open(entry_id, create=True)
-        except OSError as err:
-            raise staging_error(err, f"resize of staging file {entry_id}") from err
+        fd = self._staging_file(entry_id)
         try:
             if self.hashes_ahead:  # a running hash of another daemon may not miss it either
                 mark_reopened(fd)
@@ -257,10 +290,12 @@ class Content:
         path = self.staging.path(entry_id)
         running = self._running.pop(entry_id, None)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
+            fd = os.open(path, os.O_RDONLY | (0 if self.local_uploads else os.O_CREAT), 0o600)
         except OSError as e:
             if running is not None:
                 running.drop()
+            if self.local_uploads and isinstance(e, FileNotFoundError):
+                raise self.remote(entry_id) from e
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
         try:
             st = os.fstat(fd)

@@ -90,7 +90,8 @@ class SpoolCore:
         self.place = where if isinstance(where, Place) else embedded(where)
         self.store_dir = self.place.local  # this host's part: the disk the guard watches
         self.content = Content(self.place.blobs, self.place.staging,
-                               INLINE_MAX if self.place.embedded else 0)
+                               INLINE_MAX if self.place.embedded else 0,
+                               local_uploads=not self.place.embedded)
         #: writers of an upload through other daemons of the store, as a seal must know them
         self.writer_locks = WriterLocks(self.place.staging)
         #: uploads to and downloads from a remote blob store run in worker threads, at most
