@@ -210,17 +210,24 @@ class Content:
             raise StoreFailure(f"blob file of message {entry.id}: {e}") from e
         return Handle(entry.id, fd, None, False)
 
-    def _staging_file(self, entry_id: int) -> int:
-        """An upload's staging file, open for reading and writing (made if missing, unless
-        it is another host's: ``Remote``)."""
+    @contextmanager
+    def _staging_errors(self, entry_id: int) -> Iterator[None]:
+        """A failure on an upload's staging file as the caller's refusal: a file missing
+        here is another host's upload (``Remote``) where uploads are this host's alone."""
         try:
-            return self.staging.open(entry_id, create=not self.local_uploads)
+            yield
         except FileNotFoundError as e:
             if self.local_uploads:
                 raise self.remote(entry_id) from e
             raise StoreFailure(f"staging file of {entry_id}: {e}") from e
         except OSError as e:
             raise staging_error(e, f"staging file of {entry_id}") from e
+
+    def _staging_file(self, entry_id: int) -> int:
+        """An upload's staging file, open for reading and writing (made if missing, unless
+        it is another host's: ``Remote``)."""
+        with self._staging_errors(entry_id):
+            return self.staging.open(entry_id, create=not self.local_uploads)
 
     @staticmethod
     def remote(entry_id: int) -> Remote:
@@ -229,14 +236,8 @@ class Content:
 
     def touch(self, entry_id: int, atime_ns: int | None, mtime_ns: int | None) -> None:
         """Set an upload's times (its staging file's)."""
-        try:
+        with self._staging_errors(entry_id):
             self.staging.touch(entry_id, atime_ns, mtime_ns, create=not self.local_uploads)
-        except FileNotFoundError as e:
-            if self.local_uploads:
-                raise self.remote(entry_id) from e
-            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
-        except OSError as e:
-            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
 
     def new_upload(self, entry_id: int, made: int | None = None) -> Handle:
         """The empty staging file of a new upload, created and held for writing. Called in
