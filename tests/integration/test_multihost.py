@@ -18,11 +18,13 @@ import pytest
 
 from helpers.inspection import ls, read
 from helpers.mounts import MountFactory
+from helpers.namespace import Namespace, daemon_pid
 from helpers.pgserver import PgServer
 from helpers.procs import finish_claimers, ok, one_line_error, spoolfs_cli, start_claimers
 from helpers.queues import Queue
 from helpers.s3server import S3Server
 from helpers.waiting import wait_until
+from spoolfs.store.site import default_local_base
 
 pytestmark = pytest.mark.fuse
 
@@ -219,3 +221,38 @@ def test_an_unreachable_s3_endpoint_is_one_line_at_mount(
     line = one_line_error(res)
     assert "S3" in line and "spool" in line, line
     assert not os.path.ismount(tmp_path / "m")
+
+
+def test_an_upload_written_on_one_host_is_refused_on_another(
+        mounter: MountFactory, pg_url: str, tmp_path: Path) -> None:
+    """Host B runs in a mount namespace of its own, where the directory of each host's
+    uploads in progress is empty: as on another machine, host A's upload in ``partial/`` has
+    no bytes on B. B may list it, but ``mv`` into ``ready/`` and ``cat`` are refused with
+    EREMOTE and change nothing (they published an empty message); A publishes it whole."""
+    a = mounter(pg_url, tmp_path / "a", extra=["--blobs", str(tmp_path / "shared-blobs")])
+    q = Queue.create(a.path, "q", tmp_path / "scratch")
+    ns = Namespace(tmp_path / "sbin", private=[default_local_base()])
+    b, log = tmp_path / "b", tmp_path / "b.log"
+    b.mkdir()
+    try:
+        res = ns.run(tmp_path / "sbin/spoolfs", pg_url, b, "--log-file", log)
+        assert res.returncode == 0, f"host B's mount: {res.stderr}\n{log.read_text()}"
+        ns.mountpoints.append(b)
+        ns.daemons.append(daemon_pid(log))
+        ns.ok("sh", "-c", f"echo mine > {b}/q/partial/own")  # B has uploads of its own
+        data = b"written on host A\n" * 100
+        (q.partial / "up").write_bytes(data)
+        wait_until(lambda: ns.ok("ls", b / "q/partial").split() == ["own", "up"],
+                   timeout=PROPAGATION, what="host B to list A's upload")
+        for argv in (("mv", b / "q/partial/up", b / "q/ready/up"), ("cat", b / "q/partial/up")):
+            res = ns.run(*argv)
+            assert res.returncode != 0 and "Object is remote" in res.stderr, res
+        assert ls(q.partial) == ["own", "up"] and ls(q.ready) == []
+        ok("mv", q.partial / "up", q.ready / "up")
+        assert read(q.ready / "up") == data
+        wait_until(lambda: ns.run("cat", b / "q/ready/up").stdout == data.decode(),
+                   timeout=PROPAGATION, what="host B to read the message A published")
+    finally:
+        ns.close()
+    a.umount()
+    fsck_clean(pg_url)
