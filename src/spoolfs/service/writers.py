@@ -118,5 +118,5 @@ class WriterLocks:
                 os.close(held.fd)
 
     def holding(self) -> int:
-        """Uploads this daemon holds the lock of (a count for the tests and the status)."""
+        """Uploads this daemon holds the lock of (what the tests look at)."""
         return len(self._held)
