@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import resource
 import signal
 import socket
 import stat
@@ -107,6 +108,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
     ``store_dir`` is a store directory or a store URL; ``blobs`` where a URL store's content
     lives (recorded by its first mount)."""
     os.umask(0o077)  # what the daemon creates (store files, pid file) is its owner's alone
+    raise_open_files_limit()
     store, place = open_place(store_dir, blobs)
     spool = Spool(store, place)
     try:
@@ -152,6 +154,22 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         place.blobs.close()  # removals of content still queued for a remote store
         store.close()
         log.info("%s unmounted, store closed", mountpoint)
+
+
+def raise_open_files_limit() -> None:
+    """Each open upload holds descriptors here: its staging file and, in ``partial/``, this
+    daemon's share of its writers' lock (service/writers.py). The soft limit on open files
+    (often 1,024) is raised to the hard one, as servers do, so that it does not cap the
+    writers a mount serves at once."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:
+        log.warning("open files stay limited to %d: %s", soft, e)
+    else:
+        log.info("open files: at most %d (the soft limit was %d)", hard, soft)
 
 
 def _tune_read_ahead(mountpoint: str) -> None:

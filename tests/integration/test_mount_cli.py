@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -149,3 +150,23 @@ def test_a_store_url_without_a_directory_is_refused_in_one_line(url: str, tmp_pa
         subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
     assert url in one_line_error(res)
     assert not mounted(mnt) and not local.exists()
+
+
+def test_the_daemon_raises_its_soft_limit_on_open_files(store: Path, tmp_path: Path) -> None:
+    """Each open upload holds descriptors in the daemon: started with a soft limit below the
+    hard one (often 1,024 against 524,288), it serves with the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 256
+    assert hard > low, f"this machine's hard limit on open files is {hard}"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        m = Mount(store, tmp_path / "mnt", tmp_path / "spoolfs.log").start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        limits = Path(f"/proc/{m.pid}/limits").read_text().splitlines()
+        row = next(line for line in limits if line.startswith("Max open files")).split()
+        assert row[3:5] == [str(hard), str(hard)], row
+        assert f"the soft limit was {low}" in m.log_text()
+    finally:
+        m.umount()
