@@ -225,3 +225,36 @@ def test_publish_survives_kill9_right_after_it_returned(mounter: MountFactory, s
         m.start()
         assert name in os.listdir(q.ready), f"{how}: returned 0, lost by kill -9"
         assert (q.ready / name).read_bytes() == data
+
+
+def test_kill9_of_the_writers_mount_never_shows_the_file_it_held_torn(
+        mounter: MountFactory, store: Path, tmp_path: Path) -> None:
+    """A file moved into ``ready/`` through mount A while its writer uses mount B waits for
+    that writer's close. B's daemon killed meanwhile never lets it appear as it stands: it
+    stays unseen, and the next mount's recovery moves it to ``partial/`` with its bytes."""
+    a = mounter(store, tmp_path / "a")
+    q = Queue.create(a.path, "q", tmp_path / "scratch")
+    b = mounter(store, tmp_path / "b")
+    data = os.urandom(1 << 20)
+    fd = os.open(b.path / "q/partial/up", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        wait_until(lambda: (q.partial / "up").exists(), timeout=2.0, alive=a.daemon_alive,
+                   what="the upload to show in mount A")
+        ok("mv", q.partial / "up", q.ready / "up")
+        b.kill9()
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # ENOTCONN: the daemon is gone
+    assert os.listdir(q.ready) == [], "a file whose writer never closed it was published"
+    b.start()  # its recovery: the upload's writer is gone
+    wait_until(lambda: os.listdir(q.partial) == ["up"], timeout=2.0, alive=a.daemon_alive,
+               what="mount A to show the upload back in partial/")
+    assert (q.partial / "up").read_bytes() == data
+    assert os.listdir(q.ready) == []
+    a.umount()
+    b.umount()
+    fsck = spoolfs_cli("fsck", str(store), timeout=120)
+    assert fsck.returncode == 0, fsck.stdout.decode(errors="replace")
