@@ -291,13 +291,13 @@ class Content:
         path = self.staging.path(entry_id)
         running = self._running.pop(entry_id, None)
         try:
-            fd = os.open(path, os.O_RDONLY | (0 if self.local_uploads else os.O_CREAT), 0o600)
-        except OSError as e:
+            with self._staging_errors(entry_id):
+                fd = os.open(path, os.O_RDONLY | (0 if self.local_uploads else os.O_CREAT),
+                             0o600)
+        except SpoolError:
             if running is not None:
                 running.drop()
-            if self.local_uploads and isinstance(e, FileNotFoundError):
-                raise self.remote(entry_id) from e
-            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
+            raise
         try:
             st = os.fstat(fd)
             if st.st_size <= self.inline_max:  # inline: read once, hash what was read
