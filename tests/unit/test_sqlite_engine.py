@@ -57,17 +57,19 @@ def vm_steps(store: Store, check: Callable[[ReadTx], None]) -> int:
     """The virtual machine instructions SQLite runs for ``check``'s queries: the work done,
     without a clock."""
     r = store.reader()
-    conn = r.conn  # type: ignore[attr-defined]
+    conns = [store._rconn, store._wconn]  # type: ignore[attr-defined]  # reads take either
     count = [0]
 
     def tick() -> int:
         count[0] += 1
         return 0
-    conn.set_progress_handler(tick, 1)
+    for conn in conns:
+        conn.set_progress_handler(tick, 1)
     try:
         check(r)
     finally:
-        conn.set_progress_handler(None, 1)
+        for conn in conns:
+            conn.set_progress_handler(None, 1)
     return count[0]
 
 
@@ -132,3 +134,73 @@ def test_a_query_on_the_hot_path_reads_no_row_it_does_not_return(
         finally:
             store.close()
     assert work[0] == work[1], work
+
+
+# ---- the event loop's queries through the writer's connection ------------------------------
+
+def traced(conn: sqlite3.Connection) -> list[str]:
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    return seen
+
+
+def test_the_committing_thread_queries_through_the_writers_connection(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "s"))
+    try:
+        made = store.run_batch([mkdir(1, b"a")], durable=False, wait=False)[0][1]
+        on_writer = traced(store._wconn)  # type: ignore[attr-defined]
+        on_reader = traced(store._rconn)  # type: ignore[attr-defined]
+        found = store.reader().lookup(1, b"a")
+        assert found is not None and found.id == made.id
+        assert store.reader().get(10**9) is None
+        assert [q for q in on_writer if q.startswith("SELECT")] and not on_reader
+    finally:
+        store.close()
+
+
+def test_a_query_inside_a_batch_sees_only_what_is_committed(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "s"))
+    try:
+        store.run_batch([mkdir(1, b"a")], durable=False, wait=False)
+        seen: list[Entry | None] = []
+
+        def fn(tx: WriteTx) -> None:
+            tx.insert(parent=1, name=b"b", kind="consumer", mode=0o40755, mtime_ns=1,
+                      ctime_ns=1, created_ns=1)
+            seen.append(store.reader().lookup(1, b"b"))  # the batch's own row: not yet
+            seen.append(store.reader().lookup(1, b"a"))
+        assert store.run_batch([fn], durable=False, wait=False)[0][0]
+        assert seen[0] is None and seen[1] is not None
+        assert store.reader().lookup(1, b"b") is not None
+    finally:
+        store.close()
+
+
+def test_a_query_while_a_worker_thread_holds_a_batch_open(tmp_path: Path) -> None:
+    """A batch in a worker thread (another daemon held the write lock) owns the writer's
+    connection: the loop's queries meanwhile go to the readers' connection, see only what
+    is committed, and never wait for the batch."""
+    import threading
+
+    store = open_store(str(tmp_path / "s"))
+    try:
+        store.run_batch([mkdir(1, b"a")], durable=False, wait=False)  # this thread commits
+        inside, finish = threading.Event(), threading.Event()
+
+        def fn(tx: WriteTx) -> None:
+            tx.insert(parent=1, name=b"b", kind="consumer", mode=0o40755, mtime_ns=1,
+                      ctime_ns=1, created_ns=1)
+            inside.set()
+            assert finish.wait(10)
+        worker = threading.Thread(target=store.run_batch, args=([fn], False))
+        worker.start()
+        try:
+            assert inside.wait(10)
+            assert store.reader().lookup(1, b"b") is None
+            assert store.reader().lookup(1, b"a") is not None
+        finally:
+            finish.set()
+            worker.join(10)
+        assert store.reader().lookup(1, b"b") is not None
+    finally:
+        store.close()

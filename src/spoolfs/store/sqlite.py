@@ -1,11 +1,13 @@
 """The embedded engine: SQLite in WAL mode, ``synchronous=FULL``, foreign keys on.
 
-Three connections: one for queries and one for write batches, both used on the event loop's
-thread (a batch commits with ``synchronous=NORMAL``; ``sync()`` then makes it durable with one
-``fdatasync`` of the write-ahead log, which the committer runs in a worker thread when other
-requests are waiting), and one opened at the first ``scan()`` for long reads (recovery, paged
-listings) in one snapshot. Several daemons may open the same file; SQLite's locks serialize
-their writers.
+Three connections: one for write batches, used on the event loop's thread (a batch commits
+with ``synchronous=NORMAL``; ``sync()`` then makes it durable with one ``fdatasync`` of the
+write-ahead log, which the committer runs in a worker thread when other requests are waiting),
+one for queries, and one opened at the first ``scan()`` for long reads (recovery, paged
+listings) in one snapshot. The event loop's queries go through the writer's connection while
+no batch is under way (``_Queries``): its page cache outlives this daemon's commits, where
+another connection drops its whole cache at its first query after each. Several daemons may
+open the same file; SQLite's locks serialize their writers.
 
 A store directory keeps a metadata reserve (store/reserve.py): before opening and before every
 commit, a nearly full disk releases it, and a commit or open that finds the disk full all the
@@ -21,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from spoolfs.blobs.layout import StoreLayout
 from spoolfs.core.errors import SpoolError, StoreFailure, StoreFull
@@ -87,8 +89,56 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
+class _Cursor(Protocol):
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class _Conn(Protocol):
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> _Cursor: ...
+
+
+class _Rows(list[Any]):
+    """A query's rows, read whole: what a cursor gives, for the few ways queries use one."""
+
+    def fetchone(self) -> Any:
+        return self[0] if self else None
+
+    def fetchall(self) -> list[Any]:
+        return self
+
+
+class _Queries:
+    """The connection ``SqliteStore.reader()`` queries through. On the thread that commits
+    without waiting (the event loop's: ``run_batch(wait=False)``), while no batch is under way
+    there or in a worker thread, a query runs on the writer's connection and its rows are read
+    whole before the connection is let go: a row read just after a commit costs 11-13 µs there
+    against 17-25 µs on a connection of its own, which finds the database changed and drops its
+    cache (a claim's five reads, a produced file's three). Anywhere else, and inside a batch
+    (whose reads must not see its own uncommitted changes), it runs on the readers'."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> _Cursor:
+        s = self._store
+        if threading.get_ident() == s._home and s._lock.acquire(blocking=False):
+            try:
+                if not s._wconn.in_transaction:
+                    return _Rows(s._wconn.execute(sql, params).fetchall())
+            except sqlite3.OperationalError as e:  # the writer's wait may be 0: busy goes on
+                if e.sqlite_errorcode != sqlite3.SQLITE_BUSY:  # to the readers' connection
+                    raise
+            finally:
+                s._lock.release()
+        return s._rconn.execute(sql, params)
+
+
 class SqliteRead(ReadTx):
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: _Conn) -> None:
         self.conn = conn
 
     def get(self, entry_id: int) -> Entry | None:
@@ -222,6 +272,10 @@ def _fields(fields: dict[str, Any]) -> tuple[str, list[Any]]:
 
 
 class SqliteWrite(SqliteRead, WriteTx):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__(conn)
+        self.conn: sqlite3.Connection = conn
+
     def insert(self, **fields: Any) -> Entry:
         cols = list(fields)
         for k in cols:
@@ -371,7 +425,10 @@ class SqliteStore(Store):
         except BaseException:
             self._wconn.close()
             raise
-        self._reader = SqliteRead(self._rconn)
+        #: held while the writer's connection is in use: a batch, or a query lent to it
+        self._lock = threading.Lock()
+        self._home: int | None = None  # the thread that commits without waiting (the loop's)
+        self._reader = SqliteRead(_Queries(self))
         self._writer = SqliteWrite(self._wconn)
         self._sync = "FULL"
         self._busy_ms = BUSY_TIMEOUT_MS
@@ -444,6 +501,13 @@ class SqliteStore(Store):
 
     def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,
                   wait: bool = True) -> list[tuple[bool, Any]]:
+        if not wait:
+            self._home = threading.get_ident()
+        with self._lock:
+            return self._run_batch(fns, durable, wait)
+
+    def _run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,
+                   wait: bool) -> list[tuple[bool, Any]]:
         c = self._wconn
         # In WAL mode a FULL commit fsyncs the log, which also makes every earlier NORMAL
         # commit durable: uploads in progress skip the fsync, transitions never do.
@@ -536,7 +600,8 @@ class SqliteStore(Store):
                 os.close(self._wal_fd)
                 self._wal_fd = -1
         self._rconn.close()
-        self._wconn.close()
+        with self._lock:
+            self._wconn.close()
 
 
 def check_version(conn: sqlite3.Connection) -> None:
