@@ -127,3 +127,51 @@ def test_sync_follows_a_log_that_was_replaced(tmp_path: Path) -> None:
     store.sync()
     assert os.stat(wal).st_nlink == 1
     store.close()
+
+
+
+class _Slow:
+    """A store whose commits wait on something else (a database server: ``blocking``), 50 ms
+    each, in a worker thread."""
+
+    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
+        self._store = store
+        self.deferred_sync = False
+        self.blocking = True
+
+    def run_batch(self, fns, durable, wait=True):  # type: ignore[no-untyped-def]
+        import time
+        time.sleep(0.05)
+        return self._store.run_batch(fns, durable, wait)
+
+
+async def test_a_leader_cancelled_while_others_wait_still_commits_for_them(tmp_path: Path) -> None:
+    """The first request of a batch commits everyone's, batch after batch: cancelled while
+    others wait for it (at unmount, its task is cancelled like any other), it goes on until
+    the queue is empty; nobody is left waiting for a commit that never comes."""
+    store = open_store(str(tmp_path))
+    committer = Committer(_Slow(store))  # type: ignore[arg-type]
+    results: list[object] = []
+    leader_scope = trio.CancelScope()
+
+    async def leader() -> None:
+        with leader_scope:
+            results.append(await committer.submit(_touch(1)))
+
+    async def follower() -> None:
+        while committer.started < 1:  # the leader's batch is in its worker thread now
+            await trio.sleep(0.001)
+        leader_scope.cancel()
+        results.append(await committer.submit(_touch(1)))  # the leader's next batch
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            await n.start(committer.run)
+            async with trio.open_nursery() as clients:
+                clients.start_soon(leader)
+                clients.start_soon(follower)
+            committer.close()
+    assert results == [1, 1]
+    assert committer.requests == 2 and committer.batches == 2
+    store.close()
+
