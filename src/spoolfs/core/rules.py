@@ -26,7 +26,14 @@ class State(str, enum.Enum):
 STATES: tuple[State, ...] = tuple(State)
 
 
-class Kind(enum.Enum):
+class _Enum(enum.Enum):
+    """Hashed as it compares, by identity: ``Enum.__hash__`` is Python code, run at every
+    lookup in the tables below (a rename makes a dozen)."""
+
+    __hash__ = object.__hash__
+
+
+class Kind(_Enum):
     """Where a message sits, as the rules see it: its state, with dot-names in ``ready/``
     (uploads under a staging name, never claimable) told apart."""
 
@@ -38,17 +45,22 @@ class Kind(enum.Enum):
     ERROR = "error"
 
 
+_KIND_OF_STATE: dict[State, Kind] = {s: Kind(s.value) for s in State}
+_STATE_OF_KIND: dict[Kind, State] = {k: State.READY if k is Kind.STAGING else State(k.value)
+                                     for k in Kind}
+
+
 def kind_of(state: State, name: bytes) -> Kind:
     if state is State.READY and is_staging_name(name):
         return Kind.STAGING
-    return Kind(state.value)
+    return _KIND_OF_STATE[state]
 
 
 def state_of(kind: Kind) -> State:
-    return State.READY if kind is Kind.STAGING else State(kind.value)
+    return _STATE_OF_KIND[kind]
 
 
-class Scope(enum.Enum):
+class Scope(_Enum):
     """How far a rename travels."""
 
     SAME_DIR = "same directory"
@@ -56,7 +68,7 @@ class Scope(enum.Enum):
     OTHER_QUEUE = "other queue"
 
 
-class Action(enum.Enum):
+class Action(_Enum):
     MOVE = "move"  # plain rename; a waiting message keeps its place in line
     PUBLISH = "publish"
     CLAIM = "claim"
@@ -205,7 +217,7 @@ def is_claimable(kind: Kind) -> bool:
 # ---- directories ---------------------------------------------------------------------------
 
 
-class DirKind(enum.Enum):
+class DirKind(_Enum):
     ROOT = "root"
     QUEUE = "queue"
     STATE = "state"

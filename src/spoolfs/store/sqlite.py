@@ -16,6 +16,7 @@ same fails with ``StoreFull`` (ENOSPC, one clear line) rather than a bare I/O er
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import sqlite3
@@ -267,7 +268,7 @@ def _fields(fields: dict[str, Any]) -> tuple[str, list[Any]]:
     for k in fields:
         if k not in ENTRY_COLUMNS or k == "id":
             raise ValueError(f"unknown entry column {k}")
-    vals = [v.value if hasattr(v, "value") else v for v in fields.values()]
+    vals = [v._value_ if isinstance(v, enum.Enum) else v for v in fields.values()]
     return ", ".join(f"{k}=?" for k in fields), vals
 
 
@@ -281,7 +282,7 @@ class SqliteWrite(SqliteRead, WriteTx):
         for k in cols:
             if k not in ENTRY_COLUMNS:
                 raise ValueError(f"unknown entry column {k}")
-        vals = [v.value if hasattr(v, "value") else v for v in fields.values()]
+        vals = [v._value_ if isinstance(v, enum.Enum) else v for v in fields.values()]
         row = self.conn.execute(
             f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
             f"RETURNING {_RET}", vals).fetchone()
