@@ -51,23 +51,29 @@ async def test_concurrent_requests_share_one_commit(tmp_path: Path) -> None:
 
 
 class _Recording:
-    """A store that records its commits and syncs, in order, and takes a while to sync."""
+    """A store that records its commits and syncs, in order, and takes a while to sync
+    (``delay`` seconds), noting the thread each sync ran on."""
 
-    def __init__(self, store, events: list[str]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, store, events: list[str], delay: float = 0.05) -> None:  # type: ignore[no-untyped-def]
         self._store = store
         self.events = events
+        self.delay = delay
+        self.threads: list[int] = []
         self.deferred_sync = store.deferred_sync
         self.blocking = False
 
     def run_batch(self, fns, durable, wait=True):  # type: ignore[no-untyped-def]
         assert not durable, "a deferred-sync store commits without waiting for the disk"
-        self.events.append(f"commit {len(fns)}")
-        return self._store.run_batch(fns, durable, wait)
+        results = self._store.run_batch(fns, durable, wait)
+        self.events.append(f"commit {len(fns)}")  # once committed
+        return results
 
     def sync(self) -> None:
-        self.events.append("sync start")
+        import threading
         import time
-        time.sleep(0.05)
+        self.events.append("sync start")
+        self.threads.append(threading.get_ident())
+        time.sleep(self.delay)
         self._store.sync()
         self.events.append("sync end")
 
@@ -82,7 +88,12 @@ async def test_durable_requests_return_after_a_sync_that_covers_them(tmp_path: P
     committer = Committer(rec)  # type: ignore[arg-type]
 
     async def one(tag: str, durable: bool) -> None:
-        await committer.submit(_touch(1), durable)
+        touch = _touch(1)
+
+        def fn(tx):  # type: ignore[no-untyped-def]
+            events.append(f"in {tag}")
+            return touch(tx)
+        await committer.submit(fn, durable)
         events.append(f"answered {tag}")
 
     async with trio.open_nursery() as n:
@@ -99,7 +110,8 @@ async def test_durable_requests_return_after_a_sync_that_covers_them(tmp_path: P
     assert store.deferred_sync
     for i in range(9):
         answered = events.index(f"answered d{i}")
-        committed = max(k for k, e in enumerate(events[:answered]) if e.startswith("commit"))
+        inside = events.index(f"in d{i}")
+        committed = next(k for k, e in enumerate(events) if k > inside and e.startswith("commit"))
         ended = [k for k, e in enumerate(events[:answered]) if e == "sync end"]
         started = [k for k, e in enumerate(events[:answered]) if e == "sync start"]
         assert ended and any(committed < s < ended[-1] for s in started), \
@@ -175,3 +187,50 @@ async def test_a_leader_cancelled_while_others_wait_still_commits_for_them(tmp_p
     assert committer.requests == 2 and committer.batches == 2
     store.close()
 
+
+
+async def test_a_slow_disks_sync_leaves_the_loop_answering(tmp_path: Path) -> None:
+    """Where a sync takes milliseconds, even a lone durable request's sync runs in a worker
+    thread: while it is on disk, another request commits and is answered."""
+    store = open_store(str(tmp_path))
+    events: list[str] = []
+    committer = Committer(_Recording(store, events, delay=0.05))  # type: ignore[arg-type]
+
+    async def durable() -> None:
+        await committer.submit(_touch(1))
+        events.append("answered durable")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            await n.start(committer.run)
+            await committer.submit(_touch(1))  # the disk's speed, measured
+            events.clear()
+            async with trio.open_nursery() as clients:
+                clients.start_soon(durable)
+                while "sync start" not in events:
+                    await trio.sleep(0.001)
+                await committer.submit(_touch(1), durable=False)
+                events.append("answered upload")
+            committer.close()
+    assert committer.sync_ns is not None and committer.sync_ns > 0.04e9
+    assert events.index("answered upload") < events.index("sync end") \
+        < events.index("answered durable"), events
+    store.close()
+
+
+async def test_a_fast_disks_lone_sync_runs_on_the_loop(tmp_path: Path) -> None:
+    """Where a sync is quick, a lone durable request syncs on the loop's own thread: the
+    hand-off to a worker thread would cost more than the sync."""
+    import threading
+
+    store = open_store(str(tmp_path))
+    rec = _Recording(store, [], delay=0)
+    committer = Committer(rec)  # type: ignore[arg-type]
+    async with trio.open_nursery() as n:
+        await n.start(committer.run)
+        for _ in range(5):
+            await committer.submit(_touch(1))
+        committer.close()
+    assert committer.syncs == 5
+    assert rec.threads[1:] == [threading.get_ident()] * 4, "a quick lone sync left the loop"
+    store.close()

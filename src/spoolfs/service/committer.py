@@ -9,11 +9,12 @@ batch committed and, if durable, is on disk.
 On a store with ``deferred_sync`` (SQLite in WAL mode) a batch commits on the event loop's
 thread without waiting for the disk (no fsync: about 50-100 µs), and durable requests then wait
 for a sync of the log, which runs in a worker thread and covers every batch committed before it
-started (or on the loop when no other request waits for a commit or a sync: the kernel
-serializes renames across directories, so a lone claim or writer would only pay the hand-off
-to a thread and back, which costs more than the sync). While one sync is on disk, the loop
-keeps answering lookups, reads and writes and
-committing the next batches, whose durable requests share the next sync: producers and
+started. (A fast disk's sync runs on the loop when no other request waits for a commit or a
+sync: the kernel serializes renames across directories, so a lone claim or writer would only
+pay the hand-off to a thread and back, which costs more than the sync. Whether the disk is
+fast is measured, sync by sync.) While one sync is on disk, the loop keeps answering lookups,
+reads and writes and committing the next batches, whose durable requests share the next sync:
+producers and
 consumers queue behind one fsync between them, not one each, and a request that needs no
 fsync (an upload's create) never waits for one. When another daemon holds the store's write
 lock the batch goes to a worker thread to wait for it, so a slow neighbour never stalls this
@@ -38,6 +39,12 @@ from spoolfs.store.base import Store, StoreBusy, WriteTx
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: A sync that takes less than this (on average, lately) runs on the loop when nobody would
+#: share it: the hand-off to a worker thread and back costs 100-200 µs of the loop's time.
+#: A slower disk's sync goes to a thread, so that no request waits behind it that need not.
+SYNC_ON_LOOP_NS = 500_000
+_SYNC_WEIGHT = 0.2  # of the latest sync in the running average
 
 
 class _Request:
@@ -98,6 +105,8 @@ class Committer:
         self._syncing = False
         self._synced_event = trio.Event()
         self._want_sync = 0  # durable requests waiting for a sync
+        #: how long the store's sync takes lately (ns, a running average; None: not yet known)
+        self.sync_ns: float | None = None
 
     async def submit(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         """Run ``fn`` in a transaction; return its result once committed (and fsynced if
@@ -138,11 +147,12 @@ class Committer:
             self._want_sync -= 1
 
     def _alone(self) -> bool:
-        """No sync running and nobody to share one with: the kernel serializes renames across
-        directories, so a lone claim or writer would only pay the hand-off to a thread and back,
-        which costs more than the sync."""
+        """No sync running, nobody to share one with, and the disk fast (``SYNC_ON_LOOP_NS``):
+        the kernel serializes renames across directories, so a lone claim or writer would only
+        pay the hand-off to a thread and back, which costs more than such a sync."""
         return not self._syncing and self._want_sync == 1 and not self._queue \
-            and not self._leading
+            and not self._leading and self.sync_ns is not None \
+            and self.sync_ns < SYNC_ON_LOOP_NS
 
     async def _sync_waiting(self, batch: int) -> None:
         while self._synced < batch:
@@ -158,8 +168,7 @@ class Committer:
         target, start = self._committed, perf_counter_ns()
         self._syncing = True
         try:
-            self.store.sync()
-            self._synced_to(target, start)
+            self._synced_to(target, start, self._timed_sync())
         finally:
             self._sync_ended()
 
@@ -168,14 +177,21 @@ class Committer:
         target, start = self._committed, perf_counter_ns()
         self._syncing = True
         try:
-            await trio.to_thread.run_sync(self.store.sync)
-            self._synced_to(target, start)
+            self._synced_to(target, start, await trio.to_thread.run_sync(self._timed_sync))
         finally:
             self._sync_ended()
 
-    def _synced_to(self, target: int, start: int) -> None:
+    def _timed_sync(self) -> int:
+        """The store's sync; how long the disk took (ns), wherever it ran."""
+        start = perf_counter_ns()
+        self.store.sync()
+        return perf_counter_ns() - start
+
+    def _synced_to(self, target: int, start: int, took: int) -> None:
         self._synced = max(self._synced, target)
         self.syncs += 1
+        self.sync_ns = took if self.sync_ns is None \
+            else self.sync_ns + _SYNC_WEIGHT * (took - self.sync_ns)
         TIMINGS.sync(perf_counter_ns() - start)
 
     def _sync_ended(self) -> None:
