@@ -449,3 +449,39 @@ async def test_removing_shared_content_tells_the_kernel_of_fresh_counts_only(
     assert attr.st_nlink == len(inos) - 2
     await fs.ops.unlink(ready, b"m3", Ctx())
     assert told == [inos[2]]
+
+
+async def test_an_fsync_on_disk_leaves_the_other_requests_answered(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's fsync (the write, fsync, rename pattern of atomic writers) can take as long
+    as the disk needs for the file's dirty pages: the mount's other requests go on meanwhile."""
+    import time
+
+    import trio
+
+    fi, _ = await fs.ops.create(fs[State.PARTIAL], b"f", 0o644, os.O_WRONLY, Ctx())
+    await fs.ops.write(fi.fh, 0, b"data")
+    events: list[str] = []
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        events.append("fsync start")
+        time.sleep(0.2)
+        real_fsync(fd)
+        events.append("fsync end")
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+
+    async def meanwhile() -> None:
+        while "fsync start" not in events:
+            await trio.sleep(0.001)
+        await fs.ops.lookup(fs[State.READY], b"none", Ctx())
+        events.append("lookup answered")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(meanwhile)
+            await fs.ops.fsync(fi.fh, False)
+            events.append("fsync answered")
+    assert events == ["fsync start", "lookup answered", "fsync end", "fsync answered"]
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    await fs.ops.release(fi.fh)
