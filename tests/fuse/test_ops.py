@@ -485,3 +485,52 @@ async def test_an_fsync_on_disk_leaves_the_other_requests_answered(
     assert events == ["fsync start", "lookup answered", "fsync end", "fsync answered"]
     monkeypatch.setattr(os, "fsync", real_fsync)
     await fs.ops.release(fi.fh)
+
+
+async def test_a_read_from_the_disk_leaves_the_other_requests_answered(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message's bytes not in the page cache (a backlog read after a reboot, content the
+    kernel let go) are read in a worker thread: a lookup is answered meanwhile. Bytes in the
+    page cache are read at once, on the loop."""
+    import threading
+    import time
+
+    import trio
+
+    from spoolfs.service.content import Handle
+
+    data = os.urandom(256 * 1024)  # past the inline size: a blob file
+    ino = await fs.upload(fs[State.READY], b"m", data)
+    fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())
+    h = fs.ops._handles[fi.fh]
+    assert h.fd is not None and h.data is None
+    os.fsync(h.fd)
+    events: list[str] = []
+    real_read = Handle.read
+
+    def slow_read(self: Handle, off: int, size: int) -> bytes:
+        events.append("disk read " + ("on the loop" if threading.current_thread()
+                                      is threading.main_thread() else "in a thread"))
+        time.sleep(0.2)
+        return real_read(self, off, size)
+    monkeypatch.setattr(Handle, "read", slow_read)
+
+    async def meanwhile() -> None:
+        while not events:
+            await trio.sleep(0.001)
+        await fs.ops.lookup(fs[State.READY], b"none", Ctx())
+        events.append("lookup answered")
+
+    os.posix_fadvise(h.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # its pages leave the cache
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(meanwhile)
+            got = bytes(await fs.ops.read(fi.fh, 0, len(data)))
+    assert got == data
+    assert events == ["disk read in a thread", "lookup answered"]
+    events.clear()
+    assert bytes(await fs.ops.read(fi.fh, 0, len(data))) == data  # cached now: read at once
+    assert bytes(await fs.ops.read(fi.fh, 1000, 10)) == data[1000:1010]
+    assert bytes(await fs.ops.read(fi.fh, len(data) - 5, 100)) == data[-5:]  # the end
+    assert events == []
+    await fs.ops.release(fi.fh)

@@ -543,9 +543,12 @@ class Operations(pyfuse3.Operations):
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self._handles[fh]
-        data = h.read(off, size)
         if virtual.is_virtual(h.entry_id):
-            return data
+            return h.read(off, size)
+        data = h.read_cached(off, size)
+        if data is None:  # from the disk: as long as it takes, off the loop (the kernel sends
+            # no RELEASE while the caller's read holds the file)
+            data = await trio.to_thread.run_sync(h.read, off, size)
         await self.spool.reading(h)  # a read keeps a claimed message's lease
         return data
 

@@ -126,6 +126,26 @@ class Handle:
         assert self.fd is not None
         return os.pread(self.fd, size, off)
 
+    def read_cached(self, off: int, size: int) -> bytes | None:
+        """``read``, if the page cache holds it; None when the disk would be read (or the
+        file system cannot say), which the caller then does off the event loop. Asked of the
+        range's first and last pages (``RWF_NOWAIT``), one byte each: read-ahead fills a
+        file's pages in order, and a copy of the whole range into a buffer made for the
+        question would cost 40-50 µs per MiB."""
+        if self.data is not None:
+            return self.data[off:off + size]
+        assert self.fd is not None
+        end = min(off + size, os.fstat(self.fd).st_size)
+        probe = bytearray(1)
+        try:
+            for at in {off, end - 1} if end > off else ():
+                os.preadv(self.fd, [probe], at, os.RWF_NOWAIT)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EOPNOTSUPP, errno.EINVAL):
+                return None
+            raise
+        return os.pread(self.fd, size, off)
+
     def write(self, off: int, buf: bytes) -> int:
         if not self.writable or self.fd is None:
             raise NotPermitted("published content is immutable")
