@@ -131,7 +131,7 @@ class _Queries:
                 if not s._wconn.in_transaction:
                     return _Rows(s._wconn.execute(sql, params).fetchall())
             except sqlite3.OperationalError as e:  # the writer's wait may be 0: busy goes on
-                if e.sqlite_errorcode != sqlite3.SQLITE_BUSY:  # to the readers' connection
+                if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # to the readers' one
                     raise
             finally:
                 s._lock.release()
