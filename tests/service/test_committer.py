@@ -54,7 +54,8 @@ class _Recording:
     """A store that records its commits and syncs, in order, and takes a while to sync
     (``delay`` seconds), noting the thread each sync ran on."""
 
-    def __init__(self, store, events: list[str], delay: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, store, events: list[str],  # type: ignore[no-untyped-def]
+                 delay: float = 0.05) -> None:
         self._store = store
         self.events = events
         self.delay = delay
@@ -141,7 +142,6 @@ def test_sync_follows_a_log_that_was_replaced(tmp_path: Path) -> None:
     store.close()
 
 
-
 class _Slow:
     """A store whose commits wait on something else (a database server: ``blocking``), 50 ms
     each, in a worker thread."""
@@ -186,7 +186,6 @@ async def test_a_leader_cancelled_while_others_wait_still_commits_for_them(tmp_p
     assert results == [1, 1]
     assert committer.requests == 2 and committer.batches == 2
     store.close()
-
 
 
 async def test_a_slow_disks_sync_leaves_the_loop_answering(tmp_path: Path) -> None:
