@@ -139,7 +139,7 @@ class Committer:
         self._want_sync += 1
         try:
             if self._synced < batch and self._alone():
-                self._sync_here()
+                await self._sync_once(on_loop=True)  # awaits nothing: no cancel point
             if self._synced < batch:
                 with trio.CancelScope(shield=True):
                     await self._sync_waiting(batch)
@@ -158,46 +158,32 @@ class Committer:
         while self._synced < batch:
             if self._syncing:
                 await self._synced_event.wait()
-            elif self._alone():
-                self._sync_here()
             else:
-                await self._sync_elsewhere()
+                await self._sync_once(on_loop=self._alone())
 
-    def _sync_here(self) -> None:
-        """One sync on the loop's thread, of every batch committed so far."""
+    async def _sync_once(self, on_loop: bool) -> None:
+        """One sync of every batch committed so far: on the loop's thread, or in a worker
+        thread while the loop goes on. How long the disk took is timed where it ran."""
         target, start = self._committed, perf_counter_ns()
         self._syncing = True
         try:
-            self._synced_to(target, start, self._timed_sync())
+            took = self._timed_sync() if on_loop \
+                else await trio.to_thread.run_sync(self._timed_sync)
+            self._synced = max(self._synced, target)
+            self.syncs += 1
+            self.sync_ns = took if self.sync_ns is None \
+                else self.sync_ns + _SYNC_WEIGHT * (took - self.sync_ns)
+            TIMINGS.sync(perf_counter_ns() - start)
         finally:
-            self._sync_ended()
-
-    async def _sync_elsewhere(self) -> None:
-        """One sync in a worker thread, of every batch committed so far; the loop goes on."""
-        target, start = self._committed, perf_counter_ns()
-        self._syncing = True
-        try:
-            self._synced_to(target, start, await trio.to_thread.run_sync(self._timed_sync))
-        finally:
-            self._sync_ended()
+            self._syncing = False
+            self._synced_event.set()
+            self._synced_event = trio.Event()
 
     def _timed_sync(self) -> int:
-        """The store's sync; how long the disk took (ns), wherever it ran."""
+        """The store's sync; how long the disk took (ns)."""
         start = perf_counter_ns()
         self.store.sync()
         return perf_counter_ns() - start
-
-    def _synced_to(self, target: int, start: int, took: int) -> None:
-        self._synced = max(self._synced, target)
-        self.syncs += 1
-        self.sync_ns = took if self.sync_ns is None \
-            else self.sync_ns + _SYNC_WEIGHT * (took - self.sync_ns)
-        TIMINGS.sync(perf_counter_ns() - start)
-
-    def _sync_ended(self) -> None:
-        self._syncing = False
-        self._synced_event.set()
-        self._synced_event = trio.Event()
 
     async def _lead(self) -> None:
         """Commit batches until the queue is empty. Never cancelled, for others wait on this
