@@ -451,6 +451,17 @@ async def test_removing_shared_content_tells_the_kernel_of_fresh_counts_only(
     assert told == [inos[2]]
 
 
+async def _lookup_once_started(fs: Fs, events: list[str], started: str) -> None:
+    """Once an event beginning with ``started`` is noted (a slow call under way), a lookup
+    through the same handlers; its answer noted."""
+    import trio
+
+    while not any(e.startswith(started) for e in events):
+        await trio.sleep(0.001)
+    await fs.ops.lookup(fs[State.READY], b"none", Ctx())
+    events.append("lookup answered")
+
+
 async def test_an_fsync_on_disk_leaves_the_other_requests_answered(
         fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer's fsync (the write, fsync, rename pattern of atomic writers) can take as long
@@ -471,15 +482,9 @@ async def test_an_fsync_on_disk_leaves_the_other_requests_answered(
         events.append("fsync end")
     monkeypatch.setattr(os, "fsync", slow_fsync)
 
-    async def meanwhile() -> None:
-        while "fsync start" not in events:
-            await trio.sleep(0.001)
-        await fs.ops.lookup(fs[State.READY], b"none", Ctx())
-        events.append("lookup answered")
-
     with trio.fail_after(10):
         async with trio.open_nursery() as n:
-            n.start_soon(meanwhile)
+            n.start_soon(_lookup_once_started, fs, events, "fsync start")
             await fs.ops.fsync(fi.fh, False)
             events.append("fsync answered")
     assert events == ["fsync start", "lookup answered", "fsync end", "fsync answered"]
@@ -515,16 +520,10 @@ async def test_a_read_from_the_disk_leaves_the_other_requests_answered(
         return real_read(self, off, size)
     monkeypatch.setattr(Handle, "read", slow_read)
 
-    async def meanwhile() -> None:
-        while not events:
-            await trio.sleep(0.001)
-        await fs.ops.lookup(fs[State.READY], b"none", Ctx())
-        events.append("lookup answered")
-
     os.posix_fadvise(h.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # its pages leave the cache
     with trio.fail_after(10):
         async with trio.open_nursery() as n:
-            n.start_soon(meanwhile)
+            n.start_soon(_lookup_once_started, fs, events, "disk read")
             got = bytes(await fs.ops.read(fi.fh, 0, len(data)))
     assert got == data
     assert events == ["disk read in a thread", "lookup answered"]
