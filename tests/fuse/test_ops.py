@@ -140,7 +140,7 @@ async def test_written_content_is_logged_as_its_size_only(
     def refuse(*args: object) -> int:
         raise errors.NoSpace("disk full")
 
-    monkeypatch.setattr(fs.spool, "write", refuse)
+    monkeypatch.setattr(fs.spool.guard, "check", refuse)
     with caplog.at_level(logging.INFO, logger=ops_module.__name__):
         assert await _errno_of(fs.ops.write(fi.fh, 0, b"secret payload")) == errno.ENOSPC
     text = caplog.text
@@ -533,3 +533,53 @@ async def test_a_read_from_the_disk_leaves_the_other_requests_answered(
     assert bytes(await fs.ops.read(fi.fh, len(data) - 5, 100)) == data[-5:]  # the end
     assert events == []
     await fs.ops.release(fi.fh)
+
+
+async def test_writes_the_disk_holds_back_leave_the_other_requests_answered(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When dirty pages outrun the disk the kernel pauses each writer (dirty-page throttling).
+    A write that waited marks the disk slow: the next writes run in a worker thread, and a
+    lookup is answered meanwhile; once the disk has kept up for a while, writes are back on
+    the loop (a thread's hand-off costs more than a write into the page cache)."""
+    import threading
+    import time
+
+    import trio
+
+    from spoolfs.service import writepace
+
+    fi, _ = await fs.ops.create(fs[State.PARTIAL], b"f", 0o644, os.O_WRONLY, Ctx())
+    events: list[str] = []
+    delay = [0.0]
+    real_pwrite = os.pwrite
+
+    def pwrite(fd: int, buf: bytes, off: int) -> int:
+        events.append("write " + ("on the loop" if threading.current_thread()
+                                  is threading.main_thread() else "in a thread"))
+        time.sleep(delay[0])
+        return real_pwrite(fd, buf, off)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+
+    assert await fs.ops.write(fi.fh, 0, b"a" * 100) == 100  # quick: on the loop
+    delay[0] = 0.05
+    assert await fs.ops.write(fi.fh, 100, b"b" * 100) == 100  # it waited, on the loop
+    assert events == ["write on the loop"] * 2
+    events.clear()
+    delay[0] = 0.2
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(_lookup_once_started, fs, events, "write")
+            assert await fs.ops.write(fi.fh, 200, b"c" * 100) == 100
+            events.append("write answered")
+    assert events == ["write in a thread", "lookup answered", "write answered"]
+
+    events.clear()
+    delay[0] = 0.0
+    later = time.monotonic_ns() + writepace.OFF_LOOP_NS + 1
+    monkeypatch.setattr(writepace, "monotonic_ns", lambda: later)
+    assert await fs.ops.write(fi.fh, 300, b"d") == 1
+    assert events == ["write on the loop"]
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    await fs.ops.release(fi.fh)
+    attr = await fs.ops.lookup(fs[State.PARTIAL], b"f", Ctx())
+    assert attr.st_size == 301

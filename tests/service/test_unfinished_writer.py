@@ -48,3 +48,36 @@ async def test_a_failed_copy_holder_keeps_it_back_until_the_last_close(
     assert [m.name for m in spool.listdir(q[State.PARTIAL])] == [b"f"]
     assert spool.listdir(q[State.READY]) == []
 
+
+
+async def test_a_publish_waits_for_a_write_under_way_in_a_thread(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write handed to a worker thread (the disk held writers back) by a process holding a
+    copy of the descriptor, under way when the opener's close publishes: it lands before the
+    content is sealed, so the message holds every byte a write was acknowledged for."""
+    import os
+    import threading
+    import time
+
+    import trio
+
+    spool, q = env
+    e, h = await spool.create(q[State.READY], b"f", 0o644, WHO)
+    spool.write(h, 0, b"head ")
+    started = threading.Event()
+    real_pwrite = os.pwrite
+
+    def slow_pwrite(fd: int, buf: bytes, off: int) -> int:
+        started.set()
+        time.sleep(0.2)
+        return real_pwrite(fd, buf, off)
+    monkeypatch.setattr(os, "pwrite", slow_pwrite)
+    spool.write_pace.off_loop_until = time.monotonic_ns() + 10**10  # the disk lags
+
+    async with trio.open_nursery() as n:
+        n.start_soon(spool.write_paced, h, 5, b"tail")
+        await trio.to_thread.run_sync(started.wait)
+        await spool.publish_at_close(h, WHO)
+    await spool.close(h, WHO)
+    assert spool.lookup(q[State.READY], b"f").id == e.id
+    assert content(spool, e.id) == b"head tail"

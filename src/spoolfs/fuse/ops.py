@@ -557,7 +557,7 @@ class Operations(pyfuse3.Operations):
         h = self._handles[fh]
         if h.checks_setid:
             await self.spool.drop_setid(h)
-        return self.spool.write(h, off, buf)
+        return await self.spool.write_paced(h, off, buf)
 
     @_guard
     async def flush(self, fh: int) -> None:

@@ -288,6 +288,7 @@ class Publishing(SpoolCore):
         self.content.cleanup([("staging", e.id)])
 
     async def _seal(self, e: Entry) -> Sealed:
+        await self.write_pace.landed(e.id)  # a write under way in a thread is in the content
         if self.content.blobs.remote:  # stored before the transaction that attaches it
             return await trio.to_thread.run_sync(self.content.seal_and_store, e.id,
                                                  self.store.reserve_blob_id, self.r,

@@ -34,6 +34,7 @@ from spoolfs.service.policies import Policies
 from spoolfs.service.roles import Caller
 from spoolfs.service.snapshots import Full, Snapshots, shown_to
 from spoolfs.service.staging_pool import StagingPool
+from spoolfs.service.writepace import WritePace
 from spoolfs.service.writers import WriterLocks
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 from spoolfs.store.site import Place, embedded
@@ -111,6 +112,8 @@ class SpoolCore:
         self._nfs: dict[int, list[Handle]] = {}
         self.policies = Policies(self.r)
         self.guard = DiskGuard(self.place.local, store.reserve)
+        #: where uploads' writes run: on the loop, or in threads while the disk lags
+        self.write_pace = WritePace()
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
         #: uploads whose writer did not finish (killed, exited non-zero) -> why: never published
         self._unfinished: dict[int, str] = {}

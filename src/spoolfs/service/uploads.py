@@ -347,8 +347,25 @@ class Uploads(Publishing):
             self.on_stale(cleared)
 
     def write(self, h: Handle, off: int, buf: bytes) -> int:
+        """A write through ``h``, on the calling thread."""
+        self._may_write(h, buf)
+        return self._write(h, off, buf)
+
+    async def write_paced(self, h: Handle, off: int, buf: bytes) -> int:
+        """A write through ``h``: on the event loop, or in a worker thread while the disk
+        holds writers back (service/writepace.py)."""
+        self._may_write(h, buf)
+        return await self.write_pace.write(h, self._write, off, buf)
+
+    def _may_write(self, h: Handle, buf: bytes) -> None:
         try:
             self.guard.check(self.policies.of(h.queue), len(buf))
+        except SpoolError:
+            self._failed.add(h.entry_id)
+            raise
+
+    def _write(self, h: Handle, off: int, buf: bytes) -> int:
+        try:
             return h.write(off, buf)
         except SpoolError:
             self._failed.add(h.entry_id)

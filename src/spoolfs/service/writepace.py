@@ -1,0 +1,78 @@
+"""Where an upload's writes run: on the event loop while they take memory's time, in worker
+threads for a while once one has waited on the disk.
+
+A write into a staging file is a copy into the page cache: a 1 MiB write takes about 1 ms
+here. When a writer's dirty pages outrun the disk, the kernel holds the writing thread back
+(dirty-page throttling: pauses of milliseconds each, up to 200 ms, until the disk catches
+up); on the loop's thread such a pause holds every request of the mount. Nothing tells
+beforehand (ext4 refuses ``RWF_NOWAIT`` for buffered writes), so each write is timed: one
+that took longer than ``WAITED_NS`` (and 1 ns per byte, memory's pace) waited on the disk,
+and the writes of the next ``OFF_LOOP_NS`` run in worker threads, each slow one there
+extending it. The first pause still falls on the loop; the hand-off to a thread and back
+(100-200 µs of the loop's time) is paid only while the disk lags.
+
+Writes under way in threads are counted per upload: sealing an upload waits for its writes
+to land (``landed``), so a write that began before a publish is in the content it hashes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from time import monotonic_ns, perf_counter_ns
+
+import trio
+
+from spoolfs.service.content import Handle
+
+log = logging.getLogger(__name__)
+
+#: a write that took longer than this (plus 1 ns per byte) waited on the disk
+WAITED_NS = 2_000_000
+#: after such a write, writes run in worker threads for this long
+OFF_LOOP_NS = 1_000_000_000
+
+
+class WritePace:
+    __slots__ = ("off_loop_until", "_in_threads", "_landed")
+
+    def __init__(self) -> None:
+        #: ``monotonic_ns`` until which writes run in worker threads
+        self.off_loop_until = 0
+        self._in_threads: dict[int, int] = {}  # upload id -> its writes under way in threads
+        self._landed = trio.Event()
+
+    async def write(self, h: Handle, write: Callable[[Handle, int, bytes], int], off: int,
+                    buf: bytes) -> int:
+        """``write(h, off, buf)``, timed, on the loop's thread or in a worker thread."""
+        if monotonic_ns() >= self.off_loop_until:
+            return self._timed(write, h, off, buf)
+        upload = h.entry_id
+        self._in_threads[upload] = self._in_threads.get(upload, 0) + 1
+        try:  # (not abandoned when cancelled: the write lands before this returns)
+            return await trio.to_thread.run_sync(self._timed, write, h, off, buf)
+        finally:
+            left = self._in_threads.pop(upload) - 1
+            if left:
+                self._in_threads[upload] = left
+            else:
+                self._landed.set()
+                self._landed = trio.Event()
+
+    async def landed(self, upload: int) -> None:
+        """Once no write of ``upload`` is under way in a worker thread."""
+        while upload in self._in_threads:
+            await self._landed.wait()
+
+    def _timed(self, write: Callable[[Handle, int, bytes], int], h: Handle, off: int,
+               buf: bytes) -> int:
+        start = perf_counter_ns()
+        try:
+            return write(h, off, buf)
+        finally:
+            took = perf_counter_ns() - start
+            if took > WAITED_NS + len(buf):
+                if monotonic_ns() >= self.off_loop_until:
+                    log.debug("a write of %d bytes waited %.1f ms on the disk: writes run in "
+                              "worker threads for now", len(buf), took / 1e6)
+                self.off_loop_until = monotonic_ns() + OFF_LOOP_NS
