@@ -583,3 +583,69 @@ async def test_writes_the_disk_holds_back_leave_the_other_requests_answered(
     await fs.ops.release(fi.fh)
     attr = await fs.ops.lookup(fs[State.PARTIAL], b"f", Ctx())
     assert attr.st_size == 301
+
+
+async def test_removing_content_never_frees_its_space_on_the_loop(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freeing a removed file's blocks can take long (with ``discard``, 0.4 s for 256 MiB on
+    this kind of machine): on the loop's thread no call drops the last reference of a file
+    larger than ``freeing.SMALL``, neither ``rm`` of a message (its blob file), of an upload
+    (its staging file), nor the last close of a message removed while it was read."""
+    import threading
+
+    from spoolfs.blobs import freeing
+
+    def others(dev_ino: tuple[int, int], but: int = -1) -> bool:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                continue
+            if fd != but and (st.st_dev, st.st_ino) == dev_ino:
+                return True
+        return False
+
+    freed_on_loop: list[str] = []
+    real_unlink, real_close = os.unlink, os.close
+
+    def unlink(path: str, *args: object, **kw: object) -> None:
+        if threading.current_thread() is threading.main_thread() and not args and not kw:
+            st = os.lstat(path)
+            if st.st_nlink == 1 and st.st_blocks * 512 > freeing.SMALL \
+                    and not others((st.st_dev, st.st_ino)):
+                freed_on_loop.append(f"unlink {path}")
+        real_unlink(path, *args, **kw)  # type: ignore[arg-type]
+
+    def close(fd: int) -> None:
+        if threading.current_thread() is threading.main_thread():
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                st = None
+            if st is not None and st.st_nlink == 0 and st.st_blocks * 512 > freeing.SMALL \
+                    and not others((st.st_dev, st.st_ino), fd):
+                freed_on_loop.append(f"close of a removed file ({st.st_size} bytes)")
+        real_close(fd)
+    monkeypatch.setattr(os, "unlink", unlink)
+    monkeypatch.setattr(os, "close", close)
+
+    ready, partial = fs[State.READY], fs[State.PARTIAL]
+    big = os.urandom(256 * 1024)  # past the inline size: blob files
+    read_ino = await fs.upload(ready, b"read", big)
+    await fs.upload(ready, b"plain", big[::-1])
+    fi = await fs.ops.open(read_ino, os.O_RDONLY, Ctx())
+    assert bytes(await fs.ops.read(fi.fh, 0, 10)) == big[:10]
+    await fs.ops.unlink(ready, b"read", Ctx())  # removed while a consumer reads it
+    await fs.ops.unlink(ready, b"plain", Ctx())
+    assert bytes(await fs.ops.read(fi.fh, 10, 10)) == big[10:20]  # still readable
+    await fs.ops.release(fi.fh)  # the last close of the removed message
+    up, _ = await fs.ops.create(partial, b"half", 0o644, os.O_WRONLY, Ctx())
+    await fs.ops.write(up.fh, 0, big)
+    await fs.ops.release(up.fh)
+    await fs.ops.unlink(partial, b"half", Ctx())  # an upload: its staging file
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    monkeypatch.setattr(os, "close", real_close)
+    assert freed_on_loop == []
+    for d in (ready, partial):
+        assert [e.name for e in fs.spool.listdir(d)] == []

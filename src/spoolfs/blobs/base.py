@@ -29,6 +29,10 @@ class BlobStore(Protocol):
     def remove(self, sha256: bytes, blob_id: int) -> None:
         """After the commit that deleted the blob's row."""
 
+    def detach(self, sha256: bytes, blob_id: int) -> int | None:
+        """``remove``, but this host's file may keep its space until a descriptor returned
+        is closed (blobs/freeing.py)."""
+
     def name(self, sha256: bytes, blob_id: int) -> str:
         """The stored object's name, as ``walk`` lists it."""
 

@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from spoolfs.blobs import freeing
 from spoolfs.core.errors import StoreFailure
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ class BlobDir:
             os.unlink(self.path(sha256, blob_id))
         except FileNotFoundError:
             pass
+
+    def detach(self, sha256: bytes, blob_id: int) -> int | None:
+        return freeing.detach(self.path(sha256, blob_id))
 
     def name(self, sha256: bytes, blob_id: int) -> str:
         """The stored object's name, as ``walk`` lists it: its path."""
@@ -320,6 +324,11 @@ class StagingDir:
             os.unlink(self.path(entry_id))
         except FileNotFoundError:
             pass
+
+    def detach(self, entry_id: int) -> int | None:
+        """``remove``; a large file may keep its space until a descriptor returned is closed
+        (blobs/freeing.py)."""
+        return freeing.detach(self.path(entry_id))
 
     def ids(self) -> list[int]:
         out = []

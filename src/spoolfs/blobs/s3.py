@@ -39,6 +39,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from spoolfs.blobs import freeing
 from spoolfs.blobs.files import CHUNK, PRIVATE_DIR, ObjectInfo, parse_blob_name
 from spoolfs.core.errors import StoreFailure
 
@@ -246,6 +247,14 @@ class S3Blobs:
         """After the commit that deleted its row: removed in the background (an object left
         by a crash meanwhile is an orphan for gc)."""
         _unlink(self.path(sha256, blob_id))
+        self._delete_later(sha256, blob_id)
+
+    def detach(self, sha256: bytes, blob_id: int) -> int | None:
+        held = freeing.detach(self.path(sha256, blob_id))  # this host's copy
+        self._delete_later(sha256, blob_id)
+        return held
+
+    def _delete_later(self, sha256: bytes, blob_id: int) -> None:
         if self._deleter is None:
             self._deleter = threading.Thread(target=self._delete_loop, daemon=True,
                                              name="spoolfs-s3-delete")

@@ -13,7 +13,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import cast
 
-from spoolfs.blobs import StagingDir, hash_file
+from spoolfs.blobs import StagingDir, freeing, hash_file
 from spoolfs.blobs.base import BlobStore
 from spoolfs.blobs.running import RunningHash, keeps_marks, mark_reopened
 from spoolfs.blobs.writeback import STEP, WRITEBACK
@@ -177,6 +177,16 @@ class Handle:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def close_unless_holding(self) -> int | None:
+        """``close``, unless the descriptor may free a large removed file (a message removed
+        while it was read): then it is returned, to be closed off the event loop."""
+        fd = self.fd
+        if fd is None or not freeing.holds_space(fd):
+            self.close()
+            return None
+        self.fd = None
+        return fd
 
 
 class Content:
@@ -390,11 +400,17 @@ class Content:
             if blob is not None and blob.data is None:
                 cleanup.append(("blob", (blob.sha256, blob.id)))
 
-    def cleanup(self, items: list[tuple[str, object]]) -> None:
+    def cleanup(self, items: list[tuple[str, object]]) -> list[int]:
+        """Remove the files of what a committed transaction deleted: their names go now; the
+        descriptors returned hold the space of large ones until closed (blobs/freeing.py)."""
+        held = []
         for kind, what in items:
             if kind == "staging":
                 self.forget(cast(int, what))
-                self.staging.remove(cast(int, what))
+                fd = self.staging.detach(cast(int, what))
             else:
                 sha, bid = cast(tuple[bytes, int], what)
-                self.blobs.remove(sha, bid)
+                fd = self.blobs.detach(sha, bid)
+            if fd is not None:
+                held.append(fd)
+        return held

@@ -192,7 +192,7 @@ class Lifecycle:
 
         purged = await self._each("purge", old, purge)
         for entry_id in purged:  # files go only once the deletion committed
-            self.spool.content.cleanup(cleanup[entry_id])
+            await self.spool.removed(cleanup[entry_id])
         n = len(purged)
         if n:
             log.info("purged %d message(s) from %s/ past their retention", n, state.value)

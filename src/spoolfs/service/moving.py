@@ -149,7 +149,7 @@ class Moving(Uploads):
                 left.append(True)
 
         await self.tx(fn, durable=action in rules.DURABLE)
-        self.content.cleanup(cleanup)
+        await self.removed(cleanup)
         log.debug("%s %s %r -> %s %r", action.value, src_kind.value, name, dst_kind.value, new_name)
         if left:
             self.on_gone(new_parent, new_name)
@@ -201,7 +201,7 @@ class Moving(Uploads):
                 raise NotFound()
 
         await self.tx(fn, durable=False)
-        self.content.cleanup(cleanup)
+        await self.removed(cleanup)
 
     async def _remove_in_batch(self, parent: int, e: Entry, who: Who) -> None:
         """``rm`` of a batch's file or directory (``rm -r`` takes a batch apart, then removes
@@ -225,7 +225,7 @@ class Moving(Uploads):
             self.delete_message(tx, cur, cleanup)
 
         await self.tx(fn, durable=False)
-        self.content.cleanup(cleanup)
+        await self.removed(cleanup)
 
     async def unlink(self, parent: int, name: bytes, who: Who, as_dir: bool = False) -> None:
         e = self.lookup(parent, name)
@@ -245,7 +245,7 @@ class Moving(Uploads):
             apply(tx, cur, action, None, Context(now), (who.uid, who.pid))
 
         await self.tx(fn)
-        self.content.cleanup(cleanup)
+        await self.removed(cleanup)
         self._link_counts_changed(e.blob)
 
     async def link(self, entry_id: int, new_parent: int, new_name: bytes, who: Who) -> Entry:
@@ -303,7 +303,7 @@ class Moving(Uploads):
 
         e = await self.tx(fn, durable=action in rules.DURABLE)
         if sealed is not None:
-            self.content.cleanup([("staging", src.id)])
+            await self.removed([("staging", src.id)])
         if left:
             self.on_gone(new_parent, new_name)
         self._link_counts_changed(e.blob)

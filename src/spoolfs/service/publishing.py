@@ -285,7 +285,7 @@ class Publishing(SpoolCore):
             self._arrive(tx, e.id, cur.queue, now, who)
 
         await self.tx(fn)
-        self.content.cleanup([("staging", e.id)])
+        await self.removed([("staging", e.id)])
 
     async def _seal(self, e: Entry) -> Sealed:
         await self.write_pace.landed(e.id)  # a write under way in a thread is in the content

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from spoolfs.blobs import freeing
 from spoolfs.core import lifecycle as L
 from spoolfs.core import names, rules
 from spoolfs.core.errors import (
@@ -75,6 +76,14 @@ def _shown(e: Entry | None) -> Entry:
     if e is None or e.hidden:
         raise NotFound()
     return e
+
+
+async def free_off_loop(fds: list[int]) -> None:
+    """Close descriptors that hold removed files' space (blobs/freeing.py) in a worker thread,
+    and wait for it; cancelled meanwhile, they are closed all the same."""
+    if fds:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(freeing.close_all, fds)
 
 
 class SpoolCore:
@@ -151,6 +160,11 @@ class SpoolCore:
 
     async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         return await self.committer.submit(fn, durable)
+
+    async def removed(self, cleanup: list[tuple[str, object]]) -> None:
+        """The files of what a committed transaction deleted are gone; large ones' space is
+        freed in a worker thread, the caller waiting for it there (blobs/freeing.py)."""
+        await free_off_loop(self.content.cleanup(cleanup))
 
     async def _reserve_ids(self, n: int) -> list[int]:
         return await self.tx(lambda tx: tx.reserve_entry_ids(n), durable=False)

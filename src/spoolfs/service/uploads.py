@@ -26,7 +26,7 @@ from spoolfs.service.batches import MEMBER, is_dir
 from spoolfs.service.content import Handle
 from spoolfs.service.publishing import Publishing
 from spoolfs.service.roles import inherit, keeps_setid, setid_bits
-from spoolfs.service.spool_core import Who
+from spoolfs.service.spool_core import Who, free_off_loop
 from spoolfs.store.base import Entry, WriteTx
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,8 @@ class Uploads(Publishing):
             await self._closing(h, who)
         finally:
             self._let_go(h)
-            h.close()
+            held = h.close_unless_holding()  # (a message removed while it was read)
+            await free_off_loop([held] if held is not None else [])
 
     async def _closing(self, h: Handle, who: Who) -> None:
         # before it looks whether the upload is left to publish: a writer through another

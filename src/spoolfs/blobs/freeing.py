@@ -1,0 +1,70 @@
+"""Removing a file now and freeing its space where waiting for it holds nobody else up.
+
+Removing a file's last name frees its blocks before ``unlink(2)`` returns, and where the file
+system is mounted with ``discard`` (usual on virtual disks) it first tells the device of
+every freed extent: on this kind of machine 0.15 ms for 4 KiB, 1.7 ms for 64 KiB, 0.4 s for
+256 MiB, 1.8 s for 1 GiB. On the event loop's thread that holds every request of the mount.
+A file still open keeps its blocks until its last descriptor closes, whatever became of its
+names: ``detach`` opens a file that takes more than ``SMALL`` (``O_PATH``: nothing is read),
+unlinks its name (tens of µs: the name is gone when it returns, as gc and fsck expect) and
+returns the descriptor, whose close frees the blocks: the caller closes it in a worker
+thread, and its request waits there for the space as ``rm`` on a plain file system does,
+while the mount's other requests go on. A crash in between loses nothing: the kernel frees
+such a file when the process exits, or at the next mount after a power cut (the file
+system's list of orphans).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+log = logging.getLogger(__name__)
+
+#: a file that takes up to this much of the disk is removed at once: freeing it is quick
+SMALL = 64 << 10
+
+
+def detach(path: str) -> int | None:
+    """Unlink ``path`` (missing: nothing to do). When that leaves a file taking more than
+    ``SMALL`` with no name, a descriptor that holds its blocks until it is closed (in a
+    worker thread: ``close_all``); else None."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    fd = None
+    if st.st_nlink == 1 and st.st_blocks * 512 > SMALL:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+    try:
+        os.unlink(path)
+    except BaseException as e:
+        if fd is not None:
+            os.close(fd)
+        if isinstance(e, FileNotFoundError):  # removed meanwhile
+            return None
+        raise
+    return fd
+
+
+def holds_space(fd: int) -> bool:
+    """Whether closing ``fd`` may free a removed file that takes more than ``SMALL``."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return st.st_nlink == 0 and st.st_blocks * 512 > SMALL
+
+
+def close_all(fds: Iterable[int]) -> None:
+    """Close descriptors from ``detach`` or ``holds_space``, freeing what they held
+    (blocking)."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError as e:  # (the space is freed all the same)
+            log.warning("closing a removed file: %s", e)
