@@ -81,3 +81,44 @@ async def test_a_publish_waits_for_a_write_under_way_in_a_thread(
     await spool.close(h, WHO)
     assert spool.lookup(q[State.READY], b"f").id == e.id
     assert content(spool, e.id) == b"head tail"
+
+
+async def test_a_write_that_fails_in_a_thread_during_the_publish_keeps_it_back(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write under way in a worker thread when the opener's close publishes, which then
+    fails (the disk is full): the publish waits for it, sees the failure, and the upload goes
+    to ``partial/`` with what was written, never published without the write's bytes."""
+    import errno
+    import os
+    import threading
+    import time
+
+    import trio
+
+    from spoolfs.core.errors import NoSpace
+
+    spool, q = env
+    e, h = await spool.create(q[State.READY], b"f", 0o644, WHO)
+    spool.write(h, 0, b"head ")
+    started = threading.Event()
+
+    def failing_pwrite(fd: int, buf: bytes, off: int) -> int:
+        started.set()
+        time.sleep(0.2)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "pwrite", failing_pwrite)
+    spool.write_pace.off_loop_until = time.monotonic_ns() + 10**10  # the disk lags
+
+    async def write() -> None:
+        with pytest.raises(NoSpace):
+            await spool.write_paced(h, 5, b"tail")
+
+    async with trio.open_nursery() as n:
+        n.start_soon(write)
+        await trio.to_thread.run_sync(started.wait)
+        with pytest.raises(NoSpace):
+            await spool.publish_at_close(h, WHO)
+    await spool.close(h, WHO)
+    assert spool.listdir(q[State.READY]) == []
+    assert spool.lookup(q[State.PARTIAL], b"f").id == e.id
+    assert content(spool, e.id) == b"head "

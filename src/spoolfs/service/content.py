@@ -147,21 +147,33 @@ class Handle:
         return os.pread(self.fd, size, off)
 
     def write(self, off: int, buf: bytes) -> int:
+        self.may_write()
+        return self.wrote(off, self.pwrite(off, buf))
+
+    def may_write(self) -> None:
         if not self.writable or self.fd is None:
             raise NotPermitted("published content is immutable")
         if self.done:
             raise NotPermitted("this upload was already published when its opener closed it")
+
+    def pwrite(self, off: int, buf: bytes) -> int:
+        """The write itself, after ``may_write``: the part that may wait on the disk (a
+        worker thread may run it; ``wrote`` then follows on the event loop)."""
+        assert self.fd is not None
         try:
-            n = os.pwrite(self.fd, buf, off)
+            return os.pwrite(self.fd, buf, off)
         except OSError as e:
             if self.running is not None:
                 self.running.drop()
             raise staging_error(e, "staging write") from e
+
+    def wrote(self, off: int, n: int) -> int:
+        """After ``pwrite``: the running hash and the early writeback learn of it."""
         if self.running is not None:
             self.running.wrote(off, n)
         end = off + n
-        if end - self.kicked >= STEP:  # a large upload: on disk by the time it is published
-            WRITEBACK.kick(self.fd, self.kicked, end - self.kicked)
+        if end - self.kicked >= STEP and self.fd is not None:  # a large upload: on disk by
+            WRITEBACK.kick(self.fd, self.kicked, end - self.kicked)  # the time it is published
             self.kicked = end
         return n
 

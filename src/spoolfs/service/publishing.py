@@ -109,6 +109,7 @@ class Publishing(SpoolCore):
         done = (e.name, trio.Event())  # registered before the first await: see settle()
         self._settling.setdefault(e.parent, []).append(done)
         try:
+            await self.write_pace.landed(e.id)  # writes under way in threads: ended first
             if e.id in self._failed:  # the writer saw a write fail: the content is not whole
                 raise NoSpace("a write to this upload failed; it was not published")
             unfinished = self._unfinished.get(e.id)

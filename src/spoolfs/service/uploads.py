@@ -349,25 +349,20 @@ class Uploads(Publishing):
 
     def write(self, h: Handle, off: int, buf: bytes) -> int:
         """A write through ``h``, on the calling thread."""
-        self._may_write(h, buf)
-        return self._write(h, off, buf)
-
-    async def write_paced(self, h: Handle, off: int, buf: bytes) -> int:
-        """A write through ``h``: on the event loop, or in a worker thread while the disk
-        holds writers back (service/writepace.py)."""
-        self._may_write(h, buf)
-        return await self.write_pace.write(h, self._write, off, buf)
-
-    def _may_write(self, h: Handle, buf: bytes) -> None:
         try:
             self.guard.check(self.policies.of(h.queue), len(buf))
+            return h.write(off, buf)
         except SpoolError:
             self._failed.add(h.entry_id)
             raise
 
-    def _write(self, h: Handle, off: int, buf: bytes) -> int:
+    async def write_paced(self, h: Handle, off: int, buf: bytes) -> int:
+        """A write through ``h``: checked and accounted on the event loop, written there or,
+        while the disk holds writers back, in a worker thread (service/writepace.py)."""
         try:
-            return h.write(off, buf)
+            self.guard.check(self.policies.of(h.queue), len(buf))
+            h.may_write()
+            return h.wrote(off, await self.write_pace.pwrite(h, off, buf))
         except SpoolError:
             self._failed.add(h.entry_id)
             raise

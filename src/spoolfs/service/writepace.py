@@ -11,14 +11,17 @@ and the writes of the next ``OFF_LOOP_NS`` run in worker threads, each slow one 
 extending it. The first pause still falls on the loop; the hand-off to a thread and back
 (100-200 µs of the loop's time) is paid only while the disk lags.
 
-Writes under way in threads are counted per upload: sealing an upload waits for its writes
-to land (``landed``), so a write that began before a publish is in the content it hashes.
+Only the ``pwrite`` runs in the thread: a write is checked (not published yet) and accounted
+(the running hash, the early writeback) on the loop, in the order the writes end. Writes
+under way in threads are counted per upload: a publish waits for its upload's writes to
+land (``landed``) before it looks whether one failed and seals what was written, so a write
+that passed its check before a publish is in the content it hashes, or the publish is
+refused as for any failed write.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from time import monotonic_ns, perf_counter_ns
 
 import trio
@@ -42,15 +45,15 @@ class WritePace:
         self._in_threads: dict[int, int] = {}  # upload id -> its writes under way in threads
         self._landed = trio.Event()
 
-    async def write(self, h: Handle, write: Callable[[Handle, int, bytes], int], off: int,
-                    buf: bytes) -> int:
-        """``write(h, off, buf)``, timed, on the loop's thread or in a worker thread."""
+    async def pwrite(self, h: Handle, off: int, buf: bytes) -> int:
+        """``h.pwrite(off, buf)``, timed, on the loop's thread or in a worker thread (the
+        checks before it and the accounting after it are the caller's, on the loop)."""
         if monotonic_ns() >= self.off_loop_until:
-            return self._timed(write, h, off, buf)
+            return self._timed(h, off, buf)
         upload = h.entry_id
         self._in_threads[upload] = self._in_threads.get(upload, 0) + 1
         try:  # (not abandoned when cancelled: the write lands before this returns)
-            return await trio.to_thread.run_sync(self._timed, write, h, off, buf)
+            return await trio.to_thread.run_sync(self._timed, h, off, buf)
         finally:
             left = self._in_threads.pop(upload) - 1
             if left:
@@ -64,11 +67,10 @@ class WritePace:
         while upload in self._in_threads:
             await self._landed.wait()
 
-    def _timed(self, write: Callable[[Handle, int, bytes], int], h: Handle, off: int,
-               buf: bytes) -> int:
+    def _timed(self, h: Handle, off: int, buf: bytes) -> int:
         start = perf_counter_ns()
         try:
-            return write(h, off, buf)
+            return h.pwrite(off, buf)
         finally:
             took = perf_counter_ns() - start
             if took > WAITED_NS + len(buf):
