@@ -5,8 +5,11 @@ or a file with another name, is freed at once as before."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+import pytest
 
 from spoolfs.blobs import freeing
 from spoolfs.blobs.files import BlobDir
@@ -15,7 +18,9 @@ from spoolfs.blobs.files import BlobDir
 def test_a_large_file_is_gone_at_once_and_freed_at_the_close(tmp_path: Path) -> None:
     f = tmp_path / "blob"
     f.write_bytes(os.urandom(4 << 20))
-    os.fsync(os.open(f, os.O_RDONLY))  # (its blocks allocated)
+    reader = os.open(f, os.O_RDONLY)
+    os.fsync(reader)  # (its blocks allocated)
+    os.close(reader)
     fd = freeing.detach(str(f))
     assert fd is not None and not f.exists()
     assert freeing.holds_space(fd) and os.fstat(fd).st_size == 4 << 20
@@ -49,3 +54,58 @@ def test_a_reader_of_a_removed_file_holds_its_space(tmp_path: Path) -> None:
     assert freeing.holds_space(reader)
     freeing.close_all([reader])  # freed at that close
     assert blobs.detach(b"\0" * 32, 7) is None  # (a blob store's: none there)
+
+
+def test_a_file_removed_meanwhile_or_no_descriptor_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Removed by another (gc, another daemon) between the look and the unlink: the
+    descriptor is handed back if it now holds the file, closed if not. Out of descriptors:
+    removed the plain way."""
+    f = tmp_path / "blob"
+    f.write_bytes(os.urandom(1 << 20))
+    real_unlink = os.unlink
+
+    def raced(path: str) -> None:
+        real_unlink(path)
+        raise FileNotFoundError(path)
+    monkeypatch.setattr(freeing.os, "unlink", raced)
+    fd = freeing.detach(str(f))
+    assert fd is not None and freeing.holds_space(fd)  # this descriptor is the file's last
+    freeing.close_all([fd])
+    monkeypatch.setattr(freeing.os, "unlink", real_unlink)
+
+    f.write_bytes(os.urandom(1 << 20))
+
+    def no_descriptors(*args: object, **kw: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+    monkeypatch.setattr(freeing.os, "open", no_descriptors)
+    assert freeing.detach(str(f)) is None and not f.exists()
+
+
+def test_a_writers_lock_descriptor_that_holds_a_removed_file_is_closed_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``close_later``: closed in a thread of its own, and here when no thread can start."""
+    import threading
+
+    closed: list[str] = []
+    real_close_all = freeing.close_all
+
+    def close_all(fds: list[int]) -> None:
+        closed.append(threading.current_thread().name)
+        real_close_all(fds)
+    monkeypatch.setattr(freeing, "close_all", close_all)
+    for _ in range(2):
+        (tmp_path / "f").write_bytes(b"x")
+        freeing.close_later(os.open(tmp_path / "f", os.O_RDONLY))
+    for _ in range(500):
+        if len(closed) == 2:
+            break
+        threading.Event().wait(0.005)
+    assert closed == ["spoolfs-freeing"] * 2
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    closed.clear()
+    freeing.close_later(os.open(tmp_path / "f", os.O_RDONLY))
+    assert closed == [threading.current_thread().name]

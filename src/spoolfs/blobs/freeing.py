@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
@@ -41,13 +42,17 @@ def detach(path: str) -> int | None:
             fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        except OSError:  # (out of descriptors: removed the plain way)
+            fd = None
     try:
         os.unlink(path)
-    except BaseException as e:
+    except FileNotFoundError:  # removed meanwhile (gc, another daemon): maybe this holds it
+        if fd is not None and not holds_space(fd):
+            os.close(fd)
+            fd = None
+    except BaseException:
         if fd is not None:
             os.close(fd)
-        if isinstance(e, FileNotFoundError):  # removed meanwhile
-            return None
         raise
     return fd
 
@@ -59,6 +64,16 @@ def holds_space(fd: int) -> bool:
     except OSError:
         return False
     return st.st_nlink == 0 and st.st_blocks * 512 > SMALL
+
+
+def close_later(fd: int) -> None:
+    """Close ``fd`` in a thread of its own, waited for by nobody: where no request waits for
+    the space (a writers' lock given up after a publish whose content was stored apart)."""
+    try:
+        threading.Thread(target=close_all, args=([fd],), name="spoolfs-freeing",
+                         daemon=True).start()
+    except RuntimeError:  # no thread to be had: here, then
+        close_all([fd])
 
 
 def close_all(fds: Iterable[int]) -> None:

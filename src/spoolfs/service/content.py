@@ -415,14 +415,18 @@ class Content:
     def cleanup(self, items: list[tuple[str, object]]) -> list[int]:
         """Remove the files of what a committed transaction deleted: their names go now; the
         descriptors returned hold the space of large ones until closed (blobs/freeing.py)."""
-        held = []
-        for kind, what in items:
-            if kind == "staging":
-                self.forget(cast(int, what))
-                fd = self.staging.detach(cast(int, what))
-            else:
-                sha, bid = cast(tuple[bytes, int], what)
-                fd = self.blobs.detach(sha, bid)
-            if fd is not None:
-                held.append(fd)
+        held: list[int] = []
+        try:
+            for kind, what in items:
+                if kind == "staging":
+                    self.forget(cast(int, what))
+                    fd = self.staging.detach(cast(int, what))
+                else:
+                    sha, bid = cast(tuple[bytes, int], what)
+                    fd = self.blobs.detach(sha, bid)
+                if fd is not None:
+                    held.append(fd)
+        except BaseException:
+            freeing.close_all(held)
+            raise
         return held

@@ -149,11 +149,11 @@ class Moving(Uploads):
                 left.append(True)
 
         await self.tx(fn, durable=action in rules.DURABLE)
-        await self.removed(cleanup)
         log.debug("%s %s %r -> %s %r", action.value, src_kind.value, name, dst_kind.value, new_name)
         if left:
             self.on_gone(new_parent, new_name)
             self._link_counts_changed(self.get(src.id).blob)
+        await self.removed(cleanup)  # (told first: this may wait for the disk)
         return defer
 
     async def _rename_dir(self, e: Entry, parent: int, new_parent: int, new_name: bytes,
@@ -245,8 +245,8 @@ class Moving(Uploads):
             apply(tx, cur, action, None, Context(now), (who.uid, who.pid))
 
         await self.tx(fn)
-        await self.removed(cleanup)
         self._link_counts_changed(e.blob)
+        await self.removed(cleanup)
 
     async def link(self, entry_id: int, new_parent: int, new_name: bytes, who: Who) -> Entry:
         """A new message sharing the content of ``entry_id`` (sealing it if still staged)."""
@@ -302,9 +302,9 @@ class Moving(Uploads):
             return e
 
         e = await self.tx(fn, durable=action in rules.DURABLE)
-        if sealed is not None:
-            await self.removed([("staging", src.id)])
         if left:
             self.on_gone(new_parent, new_name)
         self._link_counts_changed(e.blob)
+        if sealed is not None:
+            await self.removed([("staging", src.id)])
         return e

@@ -81,9 +81,21 @@ def _shown(e: Entry | None) -> Entry:
 async def free_off_loop(fds: list[int]) -> None:
     """Close descriptors that hold removed files' space (blobs/freeing.py) in a worker thread,
     and wait for it; cancelled meanwhile, they are closed all the same."""
-    if fds:
+    if not fds:
+        return
+    began = False
+
+    def close() -> None:
+        nonlocal began
+        began = True
+        freeing.close_all(fds)
+
+    try:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(freeing.close_all, fds)
+            await trio.to_thread.run_sync(close)
+    finally:
+        if not began:  # no thread to be had: here, then (never twice: a number is reused)
+            freeing.close_all(fds)
 
 
 class SpoolCore:

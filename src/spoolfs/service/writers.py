@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from spoolfs.blobs import writelock
+from spoolfs.blobs import freeing, writelock
 from spoolfs.blobs.files import StagingDir
 from spoolfs.core.errors import StoreFailure
 
@@ -115,7 +115,10 @@ class WriterLocks:
             try:  # a copy of a handle's descriptor: the lock is theirs too, until undone
                 writelock.let_go(held.fd)
             finally:
-                os.close(held.fd)
+                if freeing.holds_space(held.fd):  # its upload's file removed meanwhile
+                    freeing.close_later(held.fd)
+                else:
+                    os.close(held.fd)
 
     def holding(self) -> int:
         """Uploads this daemon holds the lock of (what the tests look at)."""
