@@ -204,6 +204,33 @@ async def test_an_upload_reads_its_row_once_per_step(env: tuple[Spool, Q]) -> No
     assert content(spool, e.id) == b"data"
 
 
+async def test_a_publish_at_close_frees_nothing_the_writer_still_holds(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload of a few blocks inlined at its publish (``cp`` of an 8 KiB message into
+    ``ready/``): the writer's handle still holds the staging file when its close publishes,
+    so only the name goes then, with no hand-off to a worker thread; the handle's last
+    close frees the file, in a worker thread (blobs/freeing.py)."""
+    from spoolfs.blobs import freeing
+
+    spool, q = env
+    freed: list[tuple[bool, int]] = []
+    real_close_all = freeing.close_all
+
+    def close_all(fds: list[int]) -> None:
+        freed.append((threading.current_thread() is threading.main_thread(), len(fds)))
+        real_close_all(fds)
+    monkeypatch.setattr(freeing, "close_all", close_all)
+    data = os.urandom(8 * 1024)
+    assert len(data) <= INLINE_MAX
+    e, h = await spool.create(q[State.READY], b"m", 0o644, WHO)
+    spool.write(h, 0, data)
+    await spool.publish_at_close(h, WHO)
+    assert freed == [] and spool.lookup(q[State.READY], b"m").id == e.id
+    await spool.close(h, WHO)
+    assert freed == [(False, 1)]  # the handle's last close, off the loop
+    assert content(spool, e.id) == data
+
+
 async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))

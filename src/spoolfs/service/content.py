@@ -412,14 +412,19 @@ class Content:
             if blob is not None and blob.data is None:
                 cleanup.append(("blob", (blob.sha256, blob.id)))
 
-    def cleanup(self, items: list[tuple[str, object]]) -> list[int]:
+    def cleanup(self, items: list[tuple[str, object]], open_here: bool = False) -> list[int]:
         """Remove the files of what a committed transaction deleted: their names go now; the
-        descriptors returned hold the space of large ones until closed (blobs/freeing.py)."""
+        descriptors returned hold the space of large ones until closed (blobs/freeing.py).
+        ``open_here``: a handle of this daemon holds the staging files open, and its last
+        close frees them (off the loop): only their names go."""
         held: list[int] = []
         try:
             for kind, what in items:
                 if kind == "staging":
                     self.forget(cast(int, what))
+                    if open_here:
+                        self.staging.remove(cast(int, what))
+                        continue
                     fd = self.staging.detach(cast(int, what))
                 else:
                     sha, bid = cast(tuple[bytes, int], what)

@@ -286,7 +286,9 @@ class Publishing(SpoolCore):
             self._arrive(tx, e.id, cur.queue, now, who)
 
         await self.tx(fn)
-        await self.removed([("staging", e.id)])
+        # a writer's handle here still holds the staging file (a publish at its close): only
+        # the name goes now, and the handle's last close frees it, off the loop
+        await self.removed([("staging", e.id)], open_here=e.id in self._writers)
 
     async def _seal(self, e: Entry) -> Sealed:
         await self.write_pace.landed(e.id)  # a write under way in a thread is in the content

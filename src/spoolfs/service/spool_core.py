@@ -173,10 +173,11 @@ class SpoolCore:
     async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         return await self.committer.submit(fn, durable)
 
-    async def removed(self, cleanup: list[tuple[str, object]]) -> None:
+    async def removed(self, cleanup: list[tuple[str, object]], open_here: bool = False) -> None:
         """The files of what a committed transaction deleted are gone; large ones' space is
-        freed in a worker thread, the caller waiting for it there (blobs/freeing.py)."""
-        await free_off_loop(self.content.cleanup(cleanup))
+        freed in a worker thread, the caller waiting for it there (blobs/freeing.py).
+        ``open_here``: see ``Content.cleanup``."""
+        await free_off_loop(self.content.cleanup(cleanup, open_here))
 
     async def _reserve_ids(self, n: int) -> list[int]:
         return await self.tx(lambda tx: tx.reserve_entry_ids(n), durable=False)
