@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 SMALL = 4 << 10
 
 
+def is_large(st: os.stat_result) -> bool:
+    """Whether freeing the file of ``st`` may take long: it takes more than ``SMALL``."""
+    return st.st_blocks * 512 > SMALL
+
+
 def detach(path: str) -> int | None:
     """Unlink ``path`` (missing: nothing to do). When that leaves a file taking more than
     ``SMALL`` with no name, a descriptor that holds its blocks until it is closed (in a
@@ -37,7 +42,7 @@ def detach(path: str) -> int | None:
     except FileNotFoundError:
         return None
     fd = None
-    if st.st_nlink == 1 and st.st_blocks * 512 > SMALL:
+    if st.st_nlink == 1 and is_large(st):
         try:
             fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -63,7 +68,7 @@ def holds_space(fd: int) -> bool:
         st = os.fstat(fd)
     except OSError:
         return False
-    return st.st_nlink == 0 and st.st_blocks * 512 > SMALL
+    return st.st_nlink == 0 and is_large(st)
 
 
 def close_later(fd: int) -> None:

@@ -74,7 +74,8 @@ class WritePace:
         finally:
             took = perf_counter_ns() - start
             if took > WAITED_NS + len(buf):
-                if monotonic_ns() >= self.off_loop_until:
+                now = monotonic_ns()
+                if now >= self.off_loop_until:
                     log.debug("a write of %d bytes waited %.1f ms on the disk: writes run in "
                               "worker threads for now", len(buf), took / 1e6)
-                self.off_loop_until = monotonic_ns() + OFF_LOOP_NS
+                self.off_loop_until = now + OFF_LOOP_NS
