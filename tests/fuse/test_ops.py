@@ -620,26 +620,28 @@ async def test_removing_content_never_frees_its_space_on_the_loop(
 
     from spoolfs.blobs import freeing
 
-    def others(dev_ino: tuple[int, int], but: int = -1) -> bool:
+    def last_of_large(st: os.stat_result, links: int, but: int = -1) -> bool:
+        """Whether dropping a name or descriptor (``but``) of a file with ``links`` names
+        left frees it, and that takes long: no other descriptor here holds it."""
+        if st.st_nlink != links or not freeing.is_large(st):
+            return False
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
             try:
-                st = os.fstat(fd)
+                other = os.fstat(fd)
             except OSError:
                 continue
-            if fd != but and (st.st_dev, st.st_ino) == dev_ino:
-                return True
-        return False
+            if fd != but and (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                return False
+        return True
 
     freed_on_loop: list[str] = []
     real_unlink, real_close = os.unlink, os.close
 
     def unlink(path: str, *args: object, **kw: object) -> None:
-        if threading.current_thread() is threading.main_thread() and not args and not kw:
-            st = os.lstat(path)
-            if st.st_nlink == 1 and st.st_blocks * 512 > freeing.SMALL \
-                    and not others((st.st_dev, st.st_ino)):
-                freed_on_loop.append(f"unlink {path}")
+        if threading.current_thread() is threading.main_thread() and not args and not kw \
+                and last_of_large(os.lstat(path), 1):
+            freed_on_loop.append(f"unlink {path}")
         real_unlink(path, *args, **kw)  # type: ignore[arg-type]
 
     def close(fd: int) -> None:
@@ -648,8 +650,7 @@ async def test_removing_content_never_frees_its_space_on_the_loop(
                 st = os.fstat(fd)
             except OSError:
                 st = None
-            if st is not None and st.st_nlink == 0 and st.st_blocks * 512 > freeing.SMALL \
-                    and not others((st.st_dev, st.st_ino), fd):
+            if st is not None and last_of_large(st, 0, fd):
                 freed_on_loop.append(f"close of a removed file ({st.st_size} bytes)")
         real_close(fd)
     monkeypatch.setattr(os, "unlink", unlink)

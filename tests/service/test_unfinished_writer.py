@@ -3,9 +3,16 @@ service side of the decision the FUSE layer reads from /proc, on a real store.""
 
 from __future__ import annotations
 
+import errno
+import os
+import threading
+import time
+
 import pytest
+import trio
 
 from helpers.spool import WHO, Q, content
+from spoolfs.core.errors import NoSpace
 from spoolfs.core.rules import State
 from spoolfs.service.spool import Spool
 
@@ -49,18 +56,14 @@ async def test_a_failed_copy_holder_keeps_it_back_until_the_last_close(
     assert spool.listdir(q[State.READY]) == []
 
 
-
+@pytest.mark.parametrize("fails", [False, True], ids=["lands", "fails"])
 async def test_a_publish_waits_for_a_write_under_way_in_a_thread(
-        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch, fails: bool) -> None:
     """A write handed to a worker thread (the disk held writers back) by a process holding a
-    copy of the descriptor, under way when the opener's close publishes: it lands before the
-    content is sealed, so the message holds every byte a write was acknowledged for."""
-    import os
-    import threading
-    import time
-
-    import trio
-
+    copy of the descriptor, under way when the opener's close publishes: the publish waits
+    for it. Landed, it is in the sealed content (the message holds every byte a write was
+    acknowledged for); failed (the disk is full), the upload goes to ``partial/`` with what
+    was written, never published without the write's bytes."""
     spool, q = env
     e, h = await spool.create(q[State.READY], b"f", 0o644, WHO)
     spool.write(h, 0, b"head ")
@@ -70,55 +73,32 @@ async def test_a_publish_waits_for_a_write_under_way_in_a_thread(
     def slow_pwrite(fd: int, buf: bytes, off: int) -> int:
         started.set()
         time.sleep(0.2)
+        if fails:
+            raise OSError(errno.ENOSPC, "No space left on device")
         return real_pwrite(fd, buf, off)
     monkeypatch.setattr(os, "pwrite", slow_pwrite)
     spool.write_pace.off_loop_until = time.monotonic_ns() + 10**10  # the disk lags
 
-    async with trio.open_nursery() as n:
-        n.start_soon(spool.write_paced, h, 5, b"tail")
-        await trio.to_thread.run_sync(started.wait)
-        await spool.publish_at_close(h, WHO)
-    await spool.close(h, WHO)
-    assert spool.lookup(q[State.READY], b"f").id == e.id
-    assert content(spool, e.id) == b"head tail"
-
-
-async def test_a_write_that_fails_in_a_thread_during_the_publish_keeps_it_back(
-        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A write under way in a worker thread when the opener's close publishes, which then
-    fails (the disk is full): the publish waits for it, sees the failure, and the upload goes
-    to ``partial/`` with what was written, never published without the write's bytes."""
-    import errno
-    import os
-    import threading
-    import time
-
-    import trio
-
-    from spoolfs.core.errors import NoSpace
-
-    spool, q = env
-    e, h = await spool.create(q[State.READY], b"f", 0o644, WHO)
-    spool.write(h, 0, b"head ")
-    started = threading.Event()
-
-    def failing_pwrite(fd: int, buf: bytes, off: int) -> int:
-        started.set()
-        time.sleep(0.2)
-        raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(os, "pwrite", failing_pwrite)
-    spool.write_pace.off_loop_until = time.monotonic_ns() + 10**10  # the disk lags
-
     async def write() -> None:
-        with pytest.raises(NoSpace):
+        if fails:
+            with pytest.raises(NoSpace):
+                await spool.write_paced(h, 5, b"tail")
+        else:
             await spool.write_paced(h, 5, b"tail")
 
     async with trio.open_nursery() as n:
         n.start_soon(write)
         await trio.to_thread.run_sync(started.wait)
-        with pytest.raises(NoSpace):
+        if fails:
+            with pytest.raises(NoSpace):
+                await spool.publish_at_close(h, WHO)
+        else:
             await spool.publish_at_close(h, WHO)
     await spool.close(h, WHO)
-    assert spool.listdir(q[State.READY]) == []
-    assert spool.lookup(q[State.PARTIAL], b"f").id == e.id
-    assert content(spool, e.id) == b"head "
+    if fails:
+        assert spool.listdir(q[State.READY]) == []
+        assert spool.lookup(q[State.PARTIAL], b"f").id == e.id
+        assert content(spool, e.id) == b"head "
+    else:
+        assert spool.lookup(q[State.READY], b"f").id == e.id
+        assert content(spool, e.id) == b"head tail"
