@@ -33,6 +33,12 @@ def is_large(st: os.stat_result) -> bool:
     return st.st_blocks * 512 > SMALL
 
 
+def frees_much(st: os.stat_result, size: int) -> bool:
+    """Whether cutting the file of ``st`` to ``size`` bytes may take long: it may free more
+    than ``SMALL`` (a truncation frees as a removal does)."""
+    return st.st_blocks * 512 - size > SMALL
+
+
 def detach(path: str) -> int | None:
     """Unlink ``path`` (missing: nothing to do). When that leaves a file taking more than
     ``SMALL`` with no name, a descriptor that holds its blocks until it is closed (in a

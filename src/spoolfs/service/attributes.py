@@ -40,10 +40,11 @@ class Attributes(Directories):
             try:
                 if e.kind in ("message", MEMBER):
                     self._check_modify(e)
-                self.truncate(e, size)
+                await self.truncate(e, size)
             finally:
                 if shares:
                     self.writer_locks.unshare(e.id)
+            e = self.get(e.id)  # as the cut left it (published or removed meanwhile)
         if (atime_ns is not None or mtime_ns is not None) and e.staged:
             self.content.touch(e.id, atime_ns, mtime_ns)
         fields: dict[str, Any] = {}

@@ -109,8 +109,10 @@ class Uploads(Publishing):
         return await self._new_upload(d, name, mode, who, self.clock(), kind=MEMBER,
                                       queue=root.queue)
 
-    def _open_handle(self, e: Entry, writable: bool, who: Who, h: Handle) -> Handle:
-        """``h``, a handle on ``e``'s content, registered as this opener's."""
+    def _open_handle(self, e: Entry, writable: bool, who: Who, h: Handle,
+                     counted: bool = False) -> Handle:
+        """``h``, a handle on ``e``'s content, registered as this opener's (``counted``: as
+        a writer already, from the start of its opening)."""
         h.opener = who.pid
         h.queue = e.queue
         if writable and not who.nfs:  # an NFS server acts for clients it does not name
@@ -125,7 +127,7 @@ class Uploads(Publishing):
             self._nfs.setdefault(e.id, []).append(h)
             return h
         self._open[h.lease_id] = self._open.get(h.lease_id, 0) + 1
-        if writable:
+        if writable and not counted:
             self._writers[e.id] = self._writers.get(e.id, 0) + 1
         return h
 
@@ -133,21 +135,34 @@ class Uploads(Publishing):
         e = self.get(entry_id)
         if e.kind not in ("message", MEMBER) or is_dir(e):
             raise IsADirectory()
-        shares = False
+        shares = counted = False
         if writable or truncate:
             e, shares = await self.writing(e)
         try:
-            h = await self._opened(e, writable, truncate, who)
+            writable = self._may_modify(e, writable, truncate, who)
+            # A writer from here on: a publish of the upload while its truncation (or the
+            # clearing of its set-ID bits) waits is left to its last close, as for any other
+            # writer (a rename leaves a writer writing the file it renamed); a link refused.
+            counted = writable and not who.nfs
+            if counted:
+                self._writers[e.id] = self._writers.get(e.id, 0) + 1
+            if truncate:
+                e = await self._truncated(e, writable, who)
+            h = await self._opened(e, writable)
         except BaseException:
             if shares:
                 self.writer_locks.unshare(e.id)
+            if counted:
+                await self._writer_gone(e.id, who)
             raise
         if shares and not h.writable:  # it only truncated
             self.writer_locks.unshare(e.id)
         h.shares = shares and h.writable
-        return self._open_handle(e, h.writable, who, h)
+        return self._open_handle(e, h.writable, who, h, counted=counted)
 
-    async def _opened(self, e: Entry, writable: bool, truncate: bool, who: Who) -> Handle:
+    def _may_modify(self, e: Entry, writable: bool, truncate: bool, who: Who) -> bool:
+        """Whether the handle about to be opened on ``e`` writes (NotPermitted: it may not be
+        opened so)."""
         if writable or truncate:
             try:
                 self._check_modify(e)
@@ -156,11 +171,26 @@ class Uploads(Publishing):
                     raise
                 # An NFS server opens files read-write for its own reasons (to set times: a
                 # client's touch of its claim): it gets a handle that refuses writes instead.
-                writable = False
-        if truncate:
-            if not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
-                await self._clear_setid(e.id, who.pid)  # as a write would
-            self.truncate(e, 0)
+                return False
+        return writable
+
+    async def _truncated(self, e: Entry, writable: bool, who: Who) -> Entry:
+        """``e`` cut to nothing by an open that truncates, as it is then. Read again after
+        each wait: removed meanwhile, NotFound (no staging file made again for it)."""
+        if not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
+            await self._clear_setid(e.id, who.pid)  # as a write would
+            e = self._modifiable(self.get(e.id), writable)
+        await self.truncate(e, 0)
+        return self._modifiable(self.get(e.id), writable)
+
+    def _modifiable(self, e: Entry, writable: bool) -> Entry:
+        """``e``, if a writer may still write it (an opening that only truncated opens what
+        is there now)."""
+        if writable:
+            self._check_modify(e)
+        return e
+
+    async def _opened(self, e: Entry, writable: bool) -> Handle:
         blob = None  # the blob row, when making the content readable here read it
         if self.content.blobs.remote and not e.staged and e.blob is not None:
             blob = await trio.to_thread.run_sync(self.content.fetch, self.r, e,
@@ -173,9 +203,14 @@ class Uploads(Publishing):
         else:
             rules.decide_modify(self.kind(e), e.hidden, e.staged)
 
-    def truncate(self, e: Entry, size: int) -> None:
-        """Resize an upload's staging file (its size is the file's: no transaction)."""
-        self.content.resize(e.id, size)
+    async def truncate(self, e: Entry, size: int) -> None:
+        """Resize an upload's staging file (its size is the file's: no transaction). A cut
+        that may free much of the disk waits in a worker thread, counted as a change of the
+        upload under way: a seal of it waits for it (``write_pace.landed``). The caller reads
+        the upload again after it."""
+        cut = self.content.resize(e.id, size)
+        if cut is not None:
+            await self.write_pace.changing(e.id, cut)
 
     def awaits_publish(self, h: Handle) -> bool:
         """Whether ``h`` writes an upload into ``ready/`` that has not appeared yet."""
@@ -244,22 +279,28 @@ class Uploads(Publishing):
             self._open.pop(h.lease_id, None)
             if not h.writable:  # (a writable handle is an upload's: never claimed, no lease)
                 await self._lease_from_now(h.lease_id, seen=h.lease_seen)
-        if not h.writable:
-            return
-        n = self._writers.get(h.entry_id, 1) - 1
+        if h.writable:
+            await self._writer_gone(h.entry_id, who, h.done, h.private)
+
+    async def _writer_gone(self, entry_id: int, who: Who, done: bool = False,
+                           private: bool = False) -> None:
+        """A writer here writes the upload no more (closed, or its opening failed). The last
+        publishes it if a publish was left to it (hidden), unless ``done`` (published at its
+        close already)."""
+        n = self._writers.get(entry_id, 1) - 1
         if n > 0:
-            self._writers[h.entry_id] = n
+            self._writers[entry_id] = n
             return
-        self._writers.pop(h.entry_id, None)
+        self._writers.pop(entry_id, None)
         try:
-            if h.done:  # published at the close (FLUSH) already: nothing to read
+            if done:  # published at the close (FLUSH) already: nothing to read
                 return
-            e = self.r.get(h.entry_id)
+            e = self.r.get(entry_id)
             if e is not None and e.hidden:
-                await self._publish_settled(e, who, h.private)
+                await self._publish_settled(e, who, private)
         finally:
-            self._failed.discard(h.entry_id)
-            self._unfinished.pop(h.entry_id, None)
+            self._failed.discard(entry_id)
+            self._unfinished.pop(entry_id, None)
 
     # ---- uploads written by an NFS server (-o nfs_export) ----------------------------------
     #

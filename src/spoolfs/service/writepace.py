@@ -16,19 +16,25 @@ Only the ``pwrite`` runs in the thread: a write is checked (not published yet) a
 under way in threads are counted per upload: a publish waits for its upload's writes to
 land (``landed``) before it looks whether one failed and seals what was written, so a write
 that passed its check before a publish is in the content it hashes, or the publish is
-refused as for any failed write.
+refused as for any failed write. A truncation that frees much of the disk (freeing a file's
+blocks takes as long as removing it) runs in a worker thread too, counted the same way: a
+publish seals what it left.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from time import monotonic_ns, perf_counter_ns
+from typing import Any, TypeVar
 
 import trio
 
 from spoolfs.service.content import Handle
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: a write that took longer than this (plus 1 ns per byte) waited on the disk
 WAITED_NS = 2_000_000
@@ -50,10 +56,14 @@ class WritePace:
         checks before it and the accounting after it are the caller's, on the loop)."""
         if monotonic_ns() >= self.off_loop_until:
             return self._timed(h, off, buf)
-        upload = h.entry_id
+        return await self.changing(h.entry_id, self._timed, h, off, buf)
+
+    async def changing(self, upload: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, counted as a change of ``upload`` under way
+        until it returns (a write, a truncation that frees much: ``landed`` waits for it)."""
         self._in_threads[upload] = self._in_threads.get(upload, 0) + 1
-        try:  # (not abandoned when cancelled: the write lands before this returns)
-            return await trio.to_thread.run_sync(self._timed, h, off, buf)
+        try:  # (not abandoned when cancelled: the change lands before this returns)
+            return await trio.to_thread.run_sync(fn, *args)
         finally:
             left = self._in_threads.pop(upload) - 1
             if left:
@@ -63,7 +73,7 @@ class WritePace:
                 self._landed = trio.Event()
 
     async def landed(self, upload: int) -> None:
-        """Once no write of ``upload`` is under way in a worker thread."""
+        """Once no change of ``upload`` is under way in a worker thread."""
         while upload in self._in_threads:
             await self._landed.wait()
 

@@ -1,0 +1,168 @@
+"""Truncating an upload: a cut that frees much of the disk waits in a worker thread (freeing
+blocks can take long: with ``discard``, 0.4 s for 256 MiB on this kind of machine), the
+mount's other requests answered meanwhile; a publish, a link or a removal of the same upload
+that comes while it is under way finds the upload as a plain file system would."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import trio
+
+from helpers.spool import WHO, Q, content
+from spoolfs.blobs import freeing
+from spoolfs.core.errors import NotFound
+from spoolfs.core.rules import State
+from spoolfs.service.spool import Spool
+
+BIG = os.urandom(64 * 1024)  # past the inline size and one block
+
+
+def slow_cuts(monkeypatch: pytest.MonkeyPatch, seconds: float) -> tuple[list[str],
+                                                                        threading.Event]:
+    """``os.ftruncate`` noted (where it ran, whether it freed much) and made slow: the list
+    of notes, and an event set once a cut has begun."""
+    notes: list[str] = []
+    started = threading.Event()
+    real = os.ftruncate
+
+    def ftruncate(fd: int, size: int) -> None:
+        frees = os.fstat(fd).st_blocks * 512 - size > freeing.SMALL
+        where = "on the loop" if threading.current_thread() is threading.main_thread() \
+            else "in a thread"
+        notes.append(f"cut {'freeing much ' if frees else ''}{where}")
+        started.set()
+        if frees:
+            time.sleep(seconds)
+        real(fd, size)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    return notes, started
+
+
+async def begun(started: threading.Event) -> None:
+    """Once the slow cut has begun (it fails the test if it never does)."""
+    with trio.fail_after(10):
+        while not started.is_set():
+            await trio.sleep(0.001)
+
+
+async def upload_in_partial(spool: Spool, q: Q, name: bytes, data: bytes) -> int:
+    e, h = await spool.create(q[State.PARTIAL], name, 0o644, WHO)
+    spool.write(h, 0, data)
+    await spool.close(h, WHO)
+    return e.id
+
+
+async def answered_meanwhile(spool: Spool, q: Q, started: threading.Event,
+                             notes: list[str]) -> None:
+    await begun(started)
+    spool.lookup(q[State.PARTIAL], b"f")
+    notes.append("lookup answered")
+
+
+@pytest.mark.parametrize("how", ["setattr", "open"])
+async def test_a_cut_that_frees_much_runs_in_a_thread(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """``truncate -s 0 partial/f`` (a resize) and ``: > partial/f`` (an open that truncates)
+    of a large upload: the cut waits in a worker thread while another request is answered;
+    a cut that frees at most a block (or grows the file) stays on the loop."""
+    spool, q = env
+    eid = await upload_in_partial(spool, q, b"f", BIG)
+    notes, started = slow_cuts(monkeypatch, 0.2)
+
+    async def cut() -> None:
+        if how == "setattr":
+            await spool.setattr(eid, size=10, who=WHO)
+        else:
+            h = await spool.open(eid, True, True, WHO)
+            spool.write(h, 0, b"0123456789")
+            await spool.close(h, WHO)
+        notes.append("cut answered")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(cut)
+            await answered_meanwhile(spool, q, started, notes)
+    assert notes == ["cut freeing much in a thread", "lookup answered", "cut answered"]
+    left = BIG[:10] if how == "setattr" else b"0123456789"
+    assert content(spool, eid) == left
+    notes.clear()
+    await spool.setattr(eid, size=5, who=WHO)
+    await spool.setattr(eid, size=8192, who=WHO)  # a hole: nothing to free
+    assert notes == ["cut on the loop", "cut on the loop"]
+    assert content(spool, eid) == left[:5] + bytes(8187)
+
+
+async def test_a_publish_during_a_truncating_open_waits_for_its_writer(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cat new > partial/f`` while ``mv partial/f ready/`` runs: the opener is a writer from
+    the start, so the move leaves the publish to its close, and the message holds what it
+    wrote (as a rename on a plain file system leaves the writer writing the renamed file);
+    never an empty message published under a writer about to fill it."""
+    spool, q = env
+    eid = await upload_in_partial(spool, q, b"f", BIG)
+    notes, started = slow_cuts(monkeypatch, 0.2)
+    handles = []
+
+    async def truncating_open() -> None:
+        handles.append(await spool.open(eid, True, True, WHO))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(truncating_open)
+        await begun(started)
+        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    assert spool.listdir(q[State.READY]) == []  # not yet: its writer writes on
+    (h,) = handles
+    spool.write(h, 0, b"new")
+    await spool.close(h, WHO)
+    assert spool.lookup(q[State.READY], b"f").id == eid
+    assert content(spool, eid) == b"new"
+
+
+async def test_a_publish_during_a_cut_seals_what_the_cut_left(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``truncate -s 100 partial/f`` while ``mv partial/f ready/`` runs: the publish waits for
+    the cut, and the message's content is the cut file, matching its address."""
+    spool, q = env
+    eid = await upload_in_partial(spool, q, b"f", BIG)
+    notes, started = slow_cuts(monkeypatch, 0.2)
+    async with trio.open_nursery() as n:
+        n.start_soon(lambda: spool.setattr(eid, size=100, who=WHO))
+        await begun(started)
+        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    e = spool.lookup(q[State.READY], b"f")
+    assert e.id == eid and e.size == 100 and content(spool, eid) == BIG[:100]
+    blob = spool.r.blob(e.blob) if e.blob is not None else None
+    assert blob is not None and blob.sha256 == hashlib.sha256(BIG[:100]).digest()
+
+
+@pytest.mark.parametrize("cut", ["setattr", "open"])
+async def test_an_upload_removed_during_a_cut_stays_removed(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch, cut: str) -> None:
+    """``rm partial/f`` while a cut of it is under way: the cut (and the opening) ends as for
+    a file removed first (ENOENT), and no staging file is left that no row names (fsck)."""
+    spool, q = env
+    eid = await upload_in_partial(spool, q, b"f", BIG)
+    notes, started = slow_cuts(monkeypatch, 0.2)
+    call: Callable[[], object] = (lambda: spool.setattr(eid, size=0, who=WHO)) \
+        if cut == "setattr" else (lambda: spool.open(eid, True, True, WHO))
+    failed: list[BaseException] = []
+
+    async def cutting() -> None:
+        try:
+            await call()  # type: ignore[misc]
+        except NotFound as e:
+            failed.append(e)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(cutting)
+        await begun(started)
+        await spool.unlink(q[State.PARTIAL], b"f", WHO)
+    assert len(failed) == 1
+    assert spool.listdir(q[State.PARTIAL]) == []
+    assert not os.path.exists(spool.content.staging.path(eid))
