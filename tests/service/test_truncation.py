@@ -9,18 +9,22 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
-from helpers.spool import WHO, Q, content
+from helpers.spool import WHO, Q, content, running
 from spoolfs.blobs import freeing
 from spoolfs.core.errors import NotFound
 from spoolfs.core.rules import State
-from spoolfs.service.spool import Spool
+from spoolfs.service.spool import Spool, Who
 
 BIG = os.urandom(64 * 1024)  # past the inline size and one block
+#: a process that may not keep set-ID bits (no such process: no capabilities)
+NOBODY = Who(65534, 65534, 2**22 + 4242)
 
 
 def slow_cuts(monkeypatch: pytest.MonkeyPatch, seconds: float) -> tuple[list[str],
@@ -166,3 +170,113 @@ async def test_an_upload_removed_during_a_cut_stays_removed(
     assert len(failed) == 1
     assert spool.listdir(q[State.PARTIAL]) == []
     assert not os.path.exists(spool.content.staging.path(eid))
+    assert writers_left(spool) == ({}, 0)
+
+
+def writers_left(spool: Spool) -> tuple[dict[int, int], int]:
+    return spool._writers, spool.writer_locks.holding()
+
+
+async def test_an_open_that_only_truncates_holds_a_publish_back_until_it_has(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``O_RDONLY|O_TRUNC`` of a set-user-ID upload by a process that may not keep the bit:
+    the bit is cleared first (a durable transaction), then the file cut. A ``mv`` into
+    ``ready/`` meanwhile is left to the opener, which publishes what it cut once it has: no
+    cut under a seal, no staging file made again for a published message (fsck)."""
+    spool, q = env
+    eid = await upload_in_partial(spool, q, b"f", BIG)
+    await spool.setattr(eid, mode=0o4755, who=WHO)
+    gate = trio.Event()
+    real_clear = spool._clear_setid
+
+    async def clear(entry_id: int, pid: int) -> None:
+        await real_clear(entry_id, pid)
+        await gate.wait()
+    monkeypatch.setattr(spool, "_clear_setid", clear)
+    handles = []
+
+    async def truncating_open() -> None:
+        handles.append(await spool.open(eid, False, True, NOBODY))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(truncating_open)
+        await trio.testing.wait_all_tasks_blocked()
+        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        assert spool.listdir(q[State.READY]) == []  # left to the opener
+        gate.set()
+    (h,) = handles
+    assert h.read(0, 10) == b""
+    await spool.close(h, WHO)
+    e = spool.lookup(q[State.READY], b"f")
+    assert e.id == eid and not e.staged and e.mode & 0o7777 == 0o755
+    assert content(spool, eid) == b""
+    assert not os.path.exists(spool.content.staging.path(eid))
+    assert writers_left(spool) == ({}, 0)
+
+
+@pytest.fixture
+async def daemons(tmp_path: Path) -> AsyncIterator[tuple[Spool, Spool, Q]]:
+    """Two daemons of one embedded store."""
+    async with running(tmp_path) as a, running(tmp_path) as b:
+        yield a, b, Q(a, (await a.mkdir(1, b"q", 0o755, WHO)).id)
+
+
+async def test_a_publish_through_another_mount_during_a_cut_appears_after_it(
+        daemons: tuple[Spool, Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``truncate -s 0 partial/f`` through one mount, ``mv partial/f ready/`` through another
+    meanwhile: the cut holds the upload's writers' lock, so the other mount leaves the publish
+    to it, and the message appears once the cut is made (never left hidden in ``ready/``)."""
+    a, b, q = daemons
+    eid = await upload_in_partial(a, q, b"f", BIG)
+    notes, started = slow_cuts(monkeypatch, 0.3)
+    async with trio.open_nursery() as n:
+        n.start_soon(lambda: a.setattr(eid, size=0, who=WHO))
+        await begun(started)
+        await b.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    e = a.lookup(q[State.READY], b"f")
+    assert e.id == eid and not e.hidden and not e.staged and content(a, eid) == b""
+    assert writers_left(a) == ({}, 0) and writers_left(b) == ({}, 0)
+
+
+async def test_a_cut_never_begun_leaves_no_descriptor(env: tuple[Spool, Q],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No worker thread to be had for a cut: the staging file's descriptor opened for it is
+    closed, nothing is cut, and the resize fails as the store would."""
+    spool, q = env
+    eid = await upload_in_partial(spool, q, b"f", BIG)
+
+    async def no_thread(*args: object, **kw: object) -> None:
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(trio.to_thread, "run_sync", no_thread)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(RuntimeError):
+        await spool.setattr(eid, size=0, who=WHO)
+    assert len(os.listdir("/proc/self/fd")) == before
+    monkeypatch.undo()
+    assert content(spool, eid) == BIG
+    assert writers_left(spool) == ({}, 0)
+
+
+async def test_a_writer_that_stops_while_a_deferred_rename_commits_publishes(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mv partial/f ready/`` while a writer holds ``f`` leaves the publish to its last
+    close; a close that comes while the rename's transaction is under way finds nothing
+    hidden to publish yet: the rename then publishes it itself."""
+    spool, q = env
+    e, h = await spool.create(q[State.PARTIAL], b"f", 0o644, WHO)
+    spool.write(h, 0, b"x")
+    real_tx, entered, gate = spool.tx, trio.Event(), trio.Event()
+
+    async def tx(fn: Callable[..., object], durable: bool = True) -> object:
+        if not entered.is_set():  # the rename's
+            entered.set()
+            await gate.wait()
+        return await real_tx(fn, durable)
+    monkeypatch.setattr(spool, "tx", tx)
+    async with trio.open_nursery() as n:
+        n.start_soon(spool.rename, q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        await entered.wait()
+        await spool.close(h, WHO)  # the last writer goes: nothing hidden yet
+        gate.set()
+    m = spool.lookup(q[State.READY], b"f")
+    assert m.id == e.id and not m.hidden and content(spool, e.id) == b"x"

@@ -11,7 +11,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import partial
 from typing import cast
 
 from spoolfs.blobs import StagingDir, freeing, hash_file
@@ -72,6 +71,31 @@ class Sealed:
     staging_path: str
     #: a remote blob store's: the id the content was stored under before the transaction
     blob_id: int | None = None
+
+
+class Cut:
+    """A resize of an upload's staging file, open on ``fd`` (``Content.resize``): ``make``
+    it (blocking), or ``abandon`` it if it was never begun; either closes ``fd``, once."""
+
+    __slots__ = ("entry_id", "fd", "size", "begun")
+
+    def __init__(self, entry_id: int, fd: int, size: int) -> None:
+        self.entry_id, self.fd, self.size = entry_id, fd, size
+        self.begun = False
+
+    def make(self) -> None:
+        self.begun = True
+        try:
+            os.ftruncate(self.fd, self.size)
+        except OSError as err:
+            raise staging_error(err, f"resize of staging file {self.entry_id}") from err
+        finally:
+            os.close(self.fd)
+
+    def abandon(self) -> None:
+        if not self.begun:
+            self.begun = True
+            os.close(self.fd)
 
 
 def staging_error(e: OSError, what: str) -> SpoolError:
@@ -314,7 +338,7 @@ class Content:
         if running is not None:
             running.drop(wait=True)
 
-    def resize(self, entry_id: int, size: int) -> Callable[[], None] | None:
+    def resize(self, entry_id: int, size: int) -> Cut | None:
         """Resize an upload's staging file (its size is the file's: no transaction). A cut
         that may free more than a block (``freeing.frees_much``: it frees as a removal does,
         0.4 s for 256 MiB with ``discard``) is returned, to be made in a worker thread; else
@@ -323,28 +347,18 @@ class Content:
         running = self._running.pop(entry_id, None)
         if running is not None:  # (its thread stops after its chunk: no need to wait)
             running.drop()
-        fd = self._staging_file(entry_id)
+        cut = Cut(entry_id, self._staging_file(entry_id), size)
         try:
             if self.hashes_ahead:  # a running hash of another daemon may not miss it either
-                mark_reopened(fd)
-            much = freeing.frees_much(os.fstat(fd), size)
+                mark_reopened(cut.fd)
+            much = freeing.frees_much(os.fstat(cut.fd), size)
         except OSError as err:
-            os.close(fd)
+            cut.abandon()
             raise staging_error(err, f"resize of staging file {entry_id}") from err
         if much:
-            return partial(self._cut, entry_id, fd, size)
-        self._cut(entry_id, fd, size)
+            return cut
+        cut.make()
         return None
-
-    @staticmethod
-    def _cut(entry_id: int, fd: int, size: int) -> None:
-        """Truncate the staging file open on ``fd`` to ``size`` and close ``fd``."""
-        try:
-            os.ftruncate(fd, size)
-        except OSError as err:
-            raise staging_error(err, f"resize of staging file {entry_id}") from err
-        finally:
-            os.close(fd)
 
     def seal(self, entry_id: int) -> Sealed:
         """Hash and fsync an upload's staging file (blocking: run off the event loop for big

@@ -140,25 +140,47 @@ class Uploads(Publishing):
             e, shares = await self.writing(e)
         try:
             writable = self._may_modify(e, writable, truncate, who)
-            # A writer from here on: a publish of the upload while its truncation (or the
-            # clearing of its set-ID bits) waits is left to its last close, as for any other
-            # writer (a rename leaves a writer writing the file it renamed); a link refused.
-            counted = writable and not who.nfs
+            # A writer from here on (one that only truncates, until it has): a publish of
+            # the upload while its truncation (or the clearing of its set-ID bits) waits is
+            # left to its last close, as for any other writer (a rename leaves a writer
+            # writing the file it renamed); a link is refused.
+            counted = (writable or truncate) and not who.nfs
             if counted:
                 self._writers[e.id] = self._writers.get(e.id, 0) + 1
             if truncate:
-                e = await self._truncated(e, writable, who)
+                e = await self._truncated(e, counted, who)
+                if not writable:  # it only truncated: done
+                    held, counted, shares = (shares, counted), False, False
+                    await self._stopped_writing(e.id, who, *held)
+                    e = self.get(e.id)
             h = await self._opened(e, writable)
         except BaseException:
-            if shares:
-                self.writer_locks.unshare(e.id)
-            if counted:
-                await self._writer_gone(e.id, who)
+            await self._stopped_writing(e.id, who, shares, counted)
             raise
-        if shares and not h.writable:  # it only truncated
-            self.writer_locks.unshare(e.id)
-        h.shares = shares and h.writable
+        h.shares = shares
         return self._open_handle(e, h.writable, who, h, counted=counted)
+
+    async def _stopped_writing(self, entry_id: int, who: Who, shares: bool,
+                               counted: bool) -> None:
+        """An opening or a resize that held a share of the upload's writers' lock
+        (``shares``) and counted as its writer (``counted``) writes no more: both given back.
+        A publish left to it meanwhile (a rename here, or through another mount while it
+        held the share) is made now if no other writer here holds the upload. Not cancelled
+        (the upload would stay hidden until the next mount); a refusal of that publish (the
+        upload went to ``partial/``) is logged, and the caller's own error, if any, goes on."""
+        if shares:
+            self.writer_locks.unshare(entry_id)
+        if not (counted or shares and entry_id not in self._writers):
+            return
+        with trio.CancelScope(shield=True):
+            try:
+                if counted:
+                    await self._writer_gone(entry_id, who)
+                else:
+                    await self.appear_unless_written(entry_id, who)
+            except SpoolError as refused:
+                log.warning("upload %d: the publish left to its last writer: %s", entry_id,
+                            refused)
 
     def _may_modify(self, e: Entry, writable: bool, truncate: bool, who: Who) -> bool:
         """Whether the handle about to be opened on ``e`` writes (NotPermitted: it may not be
@@ -174,20 +196,22 @@ class Uploads(Publishing):
                 return False
         return writable
 
-    async def _truncated(self, e: Entry, writable: bool, who: Who) -> Entry:
+    async def _truncated(self, e: Entry, counted: bool, who: Who) -> Entry:
         """``e`` cut to nothing by an open that truncates, as it is then. Read again after
-        each wait: removed meanwhile, NotFound (no staging file made again for it)."""
+        each wait: removed meanwhile, NotFound (no staging file made again for it). An
+        opener not ``counted`` as a writer here (an NFS server's) may find it published
+        meanwhile (by a client's rename, which seals what the cut left): NotPermitted."""
         if not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
             await self._clear_setid(e.id, who.pid)  # as a write would
-            e = self._modifiable(self.get(e.id), writable)
+            e = await self._still_modifiable(e, counted)
         await self.truncate(e, 0)
-        return self._modifiable(self.get(e.id), writable)
+        return await self._still_modifiable(e, counted)
 
-    def _modifiable(self, e: Entry, writable: bool) -> Entry:
-        """``e``, if a writer may still write it (an opening that only truncated opens what
-        is there now)."""
-        if writable:
-            self._check_modify(e)
+    async def _still_modifiable(self, e: Entry, counted: bool) -> Entry:
+        """``e`` after a wait, if its content may still change (a publish or link under way
+        meanwhile, which a writer counted here holds back, waited for first)."""
+        e = self.get(e.id) if counted else await self.unsealed(self.get(e.id))
+        self._check_modify(e)
         return e
 
     async def _opened(self, e: Entry, writable: bool) -> Handle:
@@ -209,8 +233,13 @@ class Uploads(Publishing):
         upload under way: a seal of it waits for it (``write_pace.landed``). The caller reads
         the upload again after it."""
         cut = self.content.resize(e.id, size)
-        if cut is not None:
-            await self.write_pace.changing(e.id, cut)
+        if cut is None:
+            return
+        try:
+            with trio.CancelScope(shield=True):  # (made once begun: its caller waits for it)
+                await self.write_pace.changing(e.id, cut.make)
+        finally:
+            cut.abandon()  # no thread to be had: its descriptor closed, nothing cut
 
     def awaits_publish(self, h: Handle) -> bool:
         """Whether ``h`` writes an upload into ``ready/`` that has not appeared yet."""
