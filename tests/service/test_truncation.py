@@ -18,7 +18,7 @@ import trio.testing
 
 from helpers.spool import WHO, Q, content, running
 from spoolfs.blobs import freeing
-from spoolfs.core.errors import NotFound
+from spoolfs.core.errors import NotFound, NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.service.spool import Spool, Who
 
@@ -177,12 +177,12 @@ def writers_left(spool: Spool) -> tuple[dict[int, int], int]:
     return spool._writers, spool.writer_locks.holding()
 
 
-async def test_an_open_that_only_truncates_holds_a_publish_back_until_it_has(
+async def test_a_publish_during_an_open_that_only_truncates_seals_what_it_cut(
         env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
     """``O_RDONLY|O_TRUNC`` of a set-user-ID upload by a process that may not keep the bit:
     the bit is cleared first (a durable transaction), then the file cut. A ``mv`` into
-    ``ready/`` meanwhile is left to the opener, which publishes what it cut once it has: no
-    cut under a seal, no staging file made again for a published message (fsck)."""
+    ``ready/`` meanwhile waits for the cut and publishes what it left: no cut under a seal,
+    no staging file made again for a published message (fsck); the opener reads it."""
     spool, q = env
     eid = await upload_in_partial(spool, q, b"f", BIG)
     await spool.setattr(eid, mode=0o4755, who=WHO)
@@ -201,8 +201,9 @@ async def test_an_open_that_only_truncates_holds_a_publish_back_until_it_has(
     async with trio.open_nursery() as n:
         n.start_soon(truncating_open)
         await trio.testing.wait_all_tasks_blocked()
-        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
-        assert spool.listdir(q[State.READY]) == []  # left to the opener
+        n.start_soon(spool.rename, q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        await trio.testing.wait_all_tasks_blocked()
+        assert spool.listdir(q[State.READY]) == []  # the rename waits for the cut
         gate.set()
     (h,) = handles
     assert h.read(0, 10) == b""
@@ -211,6 +212,29 @@ async def test_an_open_that_only_truncates_holds_a_publish_back_until_it_has(
     assert e.id == eid and not e.staged and e.mode & 0o7777 == 0o755
     assert content(spool, eid) == b""
     assert not os.path.exists(spool.content.staging.path(eid))
+    assert writers_left(spool) == ({}, 0)
+
+
+@pytest.mark.parametrize("how", ["mv", "ln"])
+async def test_a_rename_or_link_during_a_cut_waits_for_it(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """``mv partial/f ready/`` or ``ln partial/f ready/g`` while ``truncate -s 100
+    partial/f`` cuts: a resize is no writer, so the move or link is neither refused nor left
+    to it; it waits for the cut, and returns with the message in ``ready/``."""
+    spool, q = env
+    eid = await upload_in_partial(spool, q, b"f", BIG)
+    notes, started = slow_cuts(monkeypatch, 0.2)
+    async with trio.open_nursery() as n:
+        n.start_soon(lambda: spool.setattr(eid, size=100, who=WHO))
+        await begun(started)
+        if how == "mv":
+            assert not await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0,
+                                          WHO)
+        else:
+            await spool.link(eid, q[State.READY], b"g", WHO)
+        m = spool.lookup(q[State.READY], b"f" if how == "mv" else b"g")
+        assert notes == ["cut freeing much in a thread"]
+    assert content(spool, m.id) == BIG[:100]
     assert writers_left(spool) == ({}, 0)
 
 
@@ -280,3 +304,110 @@ async def test_a_writer_that_stops_while_a_deferred_rename_commits_publishes(
         gate.set()
     m = spool.lookup(q[State.READY], b"f")
     assert m.id == e.id and not m.hidden and content(spool, e.id) == b"x"
+
+
+async def test_a_rename_and_the_last_close_publish_once(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's last close comes just after a deferred rename committed, and publishes;
+    the rename, finding no writer left, would publish too: it leaves it to the close, and
+    neither is told ENOENT."""
+    spool, q = env
+    e, h = await spool.create(q[State.PARTIAL], b"f", 0o644, WHO)
+    spool.write(h, 0, b"x")
+    real_tx = spool.tx
+    calls = 0
+    committed, gate, publishing, gate2 = trio.Event(), trio.Event(), trio.Event(), trio.Event()
+
+    async def tx(fn: Callable[..., object], durable: bool = True) -> object:
+        nonlocal calls
+        calls += 1
+        me = calls
+        if me == 2:  # the close's publish
+            publishing.set()
+            await gate2.wait()
+        done = await real_tx(fn, durable)
+        if me == 1:  # the rename's, committed
+            committed.set()
+            await gate.wait()
+        return done
+    monkeypatch.setattr(spool, "tx", tx)
+    async with trio.open_nursery() as n:
+        n.start_soon(spool.rename, q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        await committed.wait()
+        n.start_soon(spool.close, h, WHO)
+        await publishing.wait()
+        gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        gate2.set()
+    m = spool.lookup(q[State.READY], b"f")
+    assert m.id == e.id and not m.hidden and content(spool, e.id) == b"x"
+
+
+NFS = Who(0, 0, 4242, nfs=True)
+
+
+async def test_an_nfs_servers_resize_publishes_nothing_under_its_writer(
+        daemons: tuple[Spool, Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NFS client writing ``partial/f`` through one mount truncates it (SETATTR) and goes
+    on writing; ``mv partial/f ready/`` through another mount during the cut is left to the
+    first: the server's descriptor still writes, so the client's COMMIT publishes it, with
+    what it wrote after the cut."""
+    a, b, q = daemons
+    eid = await upload_in_partial(a, q, b"f", BIG)
+    h = await a.open(eid, True, False, NFS)
+    notes, started = slow_cuts(monkeypatch, 0.3)
+    async with trio.open_nursery() as n:
+        n.start_soon(lambda: a.setattr(eid, size=0, who=NFS))
+        await begun(started)
+        await b.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    assert a.listdir(q[State.READY]) == []
+    a.write(h, 0, b"after the cut")
+    await a.committed(h, NFS)
+    await a.close(h, NFS)
+    assert content(a, a.lookup(q[State.READY], b"f").id) == b"after the cut"
+
+
+async def test_a_publish_left_to_a_writer_here_stops_the_nfs_servers_descriptors(
+        env: tuple[Spool, Q]) -> None:
+    """An NFS client and a local process both write ``partial/f``; ``mv partial/f ready/``
+    is left to the local writer, whose last close publishes it: a later write through the
+    NFS server's descriptor is refused (EPERM), never taken and lost."""
+    spool, q = env
+    eid = await upload_in_partial(spool, q, b"f", b"data")
+    nfs = await spool.open(eid, True, False, NFS)
+    local = await spool.open(eid, True, False, WHO)
+    assert await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    await spool.close(local, WHO)
+    assert spool.lookup(q[State.READY], b"f").id == eid
+    with pytest.raises(NotPermitted):
+        spool.write(nfs, 0, b"late")
+    await spool.close(nfs, NFS)
+    assert content(spool, eid) == b"data"
+
+
+async def test_a_rename_left_to_another_mount_publishes_nothing_under_a_writer_here(
+        daemons: tuple[Spool, Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mv partial/f ready/`` through mount A while a process writes ``f`` through mount B:
+    left to B's writer. A writer that opens ``f`` through A while the rename commits holds
+    it too: B's close does not publish it under A's writer, A's last close does."""
+    a, b, q = daemons
+    eid = await upload_in_partial(a, q, b"f", b"old")
+    hb = await b.open(eid, True, False, WHO)
+    real_tx, entered, gate = a.tx, trio.Event(), trio.Event()
+
+    async def tx(fn: Callable[..., object], durable: bool = True) -> object:
+        if not entered.is_set():
+            entered.set()
+            await gate.wait()
+        return await real_tx(fn, durable)
+    monkeypatch.setattr(a, "tx", tx)
+    async with trio.open_nursery() as n:
+        n.start_soon(a.rename, q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+        await entered.wait()
+        ha = await a.open(eid, True, False, WHO)  # a writer here, opened meanwhile
+        await b.close(hb, WHO)
+        gate.set()
+    assert a.listdir(q[State.READY]) == []
+    a.write(ha, 0, b"new")
+    await a.close(ha, WHO)
+    assert content(a, a.lookup(q[State.READY], b"f").id) == b"new"

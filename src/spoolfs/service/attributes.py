@@ -37,17 +37,12 @@ class Attributes(Directories):
         e = self.get(entry_id)
         if size is not None:
             e, shares = await self.writing(e)
-            counted = False
             try:
                 if e.kind in ("message", MEMBER):
                     self._check_modify(e)
-                # a writer until the cut is made (service/uploads.py, ``open``)
-                counted = not who.nfs
-                if counted:
-                    self._writers[e.id] = self._writers.get(e.id, 0) + 1
                 await self.truncate(e, size)
             finally:
-                await self._stopped_writing(e.id, who, shares, counted)
+                await self._stopped_writing(e.id, who, shares)
             e = self.get(e.id)  # as the cut left it (published or removed meanwhile)
         if (atime_ns is not None or mtime_ns is not None) and e.staged:
             self.content.touch(e.id, atime_ns, mtime_ns)

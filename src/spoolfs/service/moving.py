@@ -77,8 +77,8 @@ class Moving(Uploads):
                                                       new_parent, new_name, flags, who)
         finally:
             self._unexclusive(taken)
-        if elsewhere or (defer and src.id not in self._writers):
-            # (a writer here that stopped while the rename committed found nothing to publish)
+        if (elsewhere or defer) and src.id not in self._writers:
+            # (a writer that stopped while the rename committed found nothing to publish)
             await self.appear_unless_written(src.id, who)
         return deferred
 

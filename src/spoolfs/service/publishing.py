@@ -108,6 +108,7 @@ class Publishing(SpoolCore):
         assert e.parent is not None
         done = (e.name, trio.Event())  # registered before the first await: see settle()
         self._settling.setdefault(e.parent, []).append(done)
+        self._publishing.add(e.id)  # (a rename and a last close: one of them publishes)
         try:
             await self.write_pace.landed(e.id)  # writes under way in threads: ended first
             if e.id in self._failed:  # the writer saw a write fail: the content is not whole
@@ -123,6 +124,7 @@ class Publishing(SpoolCore):
             await self._refused_upload(e, who, f"publish refused: {refused}")
             raise
         finally:
+            self._publishing.discard(e.id)
             done[1].set()
             waiting = self._settling[e.parent]
             waiting.remove(done)
@@ -252,16 +254,28 @@ class Publishing(SpoolCore):
             log.info("upload %d: still open for writing through another mount; it appears "
                      "when that writer closes", e.id)
             return False
+        stopped = False
         try:
             if not private:  # another daemon's last writer may have published it meanwhile
                 cur = self.r.get(e.id)
                 if cur is None or not cur.hidden:
                     return True
+            stopped = e.id in self._nfs  # an NFS server's descriptors write no more
+            self._nfs_published(e.id)
             with self.sealing(e.id):
                 await self._publish_sealed(e, who)
+            stopped = False
         finally:
+            if stopped:  # still an upload (or one in partial/ now): they write again
+                self._nfs_published(e.id, False)
             self._unexclusive(taken)
         return True
+
+    def _nfs_published(self, entry_id: int, published: bool = True) -> None:
+        """The upload appears: the server's descriptors on it write no more (``False``: it
+        did not after all)."""
+        for h in self._nfs.get(entry_id, ()):
+            h.done = published
 
     async def appear_unless_written(self, entry_id: int, who: Who) -> None:
         """A publish left to a writer through another daemon: that writer may have closed
@@ -269,7 +283,7 @@ class Publishing(SpoolCore):
         unless a writer still holds it (whose last close publishes it: each daemon gives up
         its share before it looks)."""
         e = self.r.get(entry_id)
-        if e is not None and e.hidden:
+        if e is not None and e.hidden and entry_id not in self._publishing:
             await self._publish_settled(e, who)
 
     async def _publish_sealed(self, e: Entry, who: Who) -> None:

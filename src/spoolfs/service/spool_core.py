@@ -153,6 +153,7 @@ class SpoolCore:
         self.mode_changes = 0
         #: dir id -> (name, done) of the uploads being published into it
         self._settling: dict[int, list[tuple[bytes, trio.Event]]] = {}
+        self._publishing: set[int] = set()  # hidden uploads whose publish is under way
         #: uploads (and batches) a publish or a link is sealing, until its transaction ends:
         #: a writer opening one meanwhile waits (``Publishing.unsealed``)
         self._sealing: dict[int, list[trio.Event]] = {}

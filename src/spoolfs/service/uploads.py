@@ -140,18 +140,17 @@ class Uploads(Publishing):
             e, shares = await self.writing(e)
         try:
             writable = self._may_modify(e, writable, truncate, who)
-            # A writer from here on (one that only truncates, until it has): a publish of
-            # the upload while its truncation (or the clearing of its set-ID bits) waits is
-            # left to its last close, as for any other writer (a rename leaves a writer
-            # writing the file it renamed); a link is refused.
-            counted = (writable or truncate) and not who.nfs
+            # A writer from here on: a publish of the upload while its truncation (or the
+            # clearing of its set-ID bits) waits is left to its last close, as for any other
+            # writer (a rename leaves a writer writing the file it renamed); a link refused.
+            counted = writable and not who.nfs
             if counted:
                 self._writers[e.id] = self._writers.get(e.id, 0) + 1
             if truncate:
-                e = await self._truncated(e, counted, who)
-                if not writable:  # it only truncated: done
-                    held, counted, shares = (shares, counted), False, False
-                    await self._stopped_writing(e.id, who, *held)
+                e = await self._truncated(e, writable, who)
+                if not writable:  # it only truncated
+                    held, shares = shares, False
+                    await self._stopped_writing(e.id, who, held)
                     e = self.get(e.id)
             h = await self._opened(e, writable)
         except BaseException:
@@ -161,16 +160,18 @@ class Uploads(Publishing):
         return self._open_handle(e, h.writable, who, h, counted=counted)
 
     async def _stopped_writing(self, entry_id: int, who: Who, shares: bool,
-                               counted: bool) -> None:
+                               counted: bool = False) -> None:
         """An opening or a resize that held a share of the upload's writers' lock
-        (``shares``) and counted as its writer (``counted``) writes no more: both given back.
-        A publish left to it meanwhile (a rename here, or through another mount while it
-        held the share) is made now if no other writer here holds the upload. Not cancelled
-        (the upload would stay hidden until the next mount); a refusal of that publish (the
-        upload went to ``partial/``) is logged, and the caller's own error, if any, goes on."""
+        (``shares``), or counted as its writer (``counted``), writes no more: both given
+        back. A publish left to it meanwhile (a rename here, or through another mount while
+        it held the share) is made now if no other writer here holds the upload (nor an NFS
+        server's descriptor). Not cancelled (the upload would stay hidden until the next
+        mount); a refusal of that publish (the upload went to ``partial/``) is logged, and
+        the caller's own error, if any, goes on."""
         if shares:
             self.writer_locks.unshare(entry_id)
-        if not (counted or shares and entry_id not in self._writers):
+        if not (counted or shares and entry_id not in self._writers
+                and not self.nfs_writes(entry_id)):
             return
         with trio.CancelScope(shield=True):
             try:
@@ -196,22 +197,19 @@ class Uploads(Publishing):
                 return False
         return writable
 
-    async def _truncated(self, e: Entry, counted: bool, who: Who) -> Entry:
-        """``e`` cut to nothing by an open that truncates, as it is then. Read again after
-        each wait: removed meanwhile, NotFound (no staging file made again for it). An
-        opener not ``counted`` as a writer here (an NFS server's) may find it published
-        meanwhile (by a client's rename, which seals what the cut left): NotPermitted."""
-        if not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
-            await self._clear_setid(e.id, who.pid)  # as a write would
-            e = await self._still_modifiable(e, counted)
-        await self.truncate(e, 0)
-        return await self._still_modifiable(e, counted)
-
-    async def _still_modifiable(self, e: Entry, counted: bool) -> Entry:
-        """``e`` after a wait, if its content may still change (a publish or link under way
-        meanwhile, which a writer counted here holds back, waited for first)."""
-        e = self.get(e.id) if counted else await self.unsealed(self.get(e.id))
-        self._check_modify(e)
+    async def _truncated(self, e: Entry, writable: bool, who: Who) -> Entry:
+        """``e`` cut to nothing by an open that truncates, as it is then. Counted as a change
+        under way from before its first wait: a publish or link meanwhile seals what the cut
+        leaves (one begun before waited in ``writing``). Read again after each wait: removed
+        meanwhile, NotFound (no staging file made again for it)."""
+        with self.write_pace.under_way(e.id):
+            if not who.nfs and setid_bits(e.mode) and not keeps_setid(who.pid, who.uid):
+                await self._clear_setid(e.id, who.pid)  # as a write would
+                e = self.get(e.id)
+            await self.truncate(e, 0)
+        e = self.get(e.id)
+        if writable:  # (published meanwhile: by a client's rename, for an NFS server's)
+            self._check_modify(e)
         return e
 
     async def _opened(self, e: Entry, writable: bool) -> Handle:
@@ -338,12 +336,6 @@ class Uploads(Publishing):
     # about a client. What does: the client's COMMIT (the server's fsync) of a file it
     # created in ready/, and its rename of a file into ready/. Either publishes at once;
     # writes through the server's descriptors after that are refused (EPERM), never lost.
-
-    def _nfs_published(self, entry_id: int, published: bool = True) -> None:
-        """The upload appears: the server's descriptors on it write no more (``False``: it
-        did not after all)."""
-        for h in self._nfs.get(entry_id, ()):
-            h.done = published
 
     async def committed(self, h: Handle, who: Who) -> None:
         """The server synced an upload it created in ``ready/`` (a client's COMMIT, or a

@@ -16,15 +16,16 @@ Only the ``pwrite`` runs in the thread: a write is checked (not published yet) a
 under way in threads are counted per upload: a publish waits for its upload's writes to
 land (``landed``) before it looks whether one failed and seals what was written, so a write
 that passed its check before a publish is in the content it hashes, or the publish is
-refused as for any failed write. A truncation that frees much of the disk (freeing a file's
-blocks takes as long as removing it) runs in a worker thread too, counted the same way: a
-publish seals what it left.
+refused as for any failed write. A truncation is counted the same way from its first wait to
+the end of its cut (one that frees much of the disk runs in a worker thread: freeing a file's
+blocks takes as long as removing it): a publish or a link seals what it left.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from time import monotonic_ns, perf_counter_ns
 from typing import Any, TypeVar
 
@@ -43,12 +44,13 @@ OFF_LOOP_NS = 1_000_000_000
 
 
 class WritePace:
-    __slots__ = ("off_loop_until", "_in_threads", "_landed")
+    __slots__ = ("off_loop_until", "_under_way", "_landed")
 
     def __init__(self) -> None:
         #: ``monotonic_ns`` until which writes run in worker threads
         self.off_loop_until = 0
-        self._in_threads: dict[int, int] = {}  # upload id -> its writes under way in threads
+        #: upload id -> its changes under way (writes in threads, truncations)
+        self._under_way: dict[int, int] = {}
         self._landed = trio.Event()
 
     async def pwrite(self, h: Handle, off: int, buf: bytes) -> int:
@@ -59,22 +61,28 @@ class WritePace:
         return await self.changing(h.entry_id, self._timed, h, off, buf)
 
     async def changing(self, upload: int, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread, counted as a change of ``upload`` under way
-        until it returns (a write, a truncation that frees much: ``landed`` waits for it)."""
-        self._in_threads[upload] = self._in_threads.get(upload, 0) + 1
-        try:  # (not abandoned when cancelled: the change lands before this returns)
+        """``fn(*args)`` in a worker thread, ``under_way`` until it returns (a write, a
+        truncation that frees much)."""
+        with self.under_way(upload):  # (not abandoned when cancelled: it lands first)
             return await trio.to_thread.run_sync(fn, *args)
+
+    @contextmanager
+    def under_way(self, upload: int) -> Iterator[None]:
+        """``upload`` counted as changing while the body runs: ``landed`` waits for it."""
+        self._under_way[upload] = self._under_way.get(upload, 0) + 1
+        try:
+            yield
         finally:
-            left = self._in_threads.pop(upload) - 1
+            left = self._under_way.pop(upload) - 1
             if left:
-                self._in_threads[upload] = left
+                self._under_way[upload] = left
             else:
                 self._landed.set()
                 self._landed = trio.Event()
 
     async def landed(self, upload: int) -> None:
-        """Once no change of ``upload`` is under way in a worker thread."""
-        while upload in self._in_threads:
+        """Once no change of ``upload`` is under way."""
+        while upload in self._under_way:
             await self._landed.wait()
 
     def _timed(self, h: Handle, off: int, buf: bytes) -> int:
