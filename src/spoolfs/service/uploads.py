@@ -156,6 +156,9 @@ class Uploads(Publishing):
         except BaseException:
             await self._stopped_writing(e.id, who, shares, counted)
             raise
+        if shares and not h.writable:  # (an NFS server's, refusing writes: held no wait)
+            self.writer_locks.unshare(e.id)
+            shares = False
         h.shares = shares
         return self._open_handle(e, h.writable, who, h, counted=counted)
 
