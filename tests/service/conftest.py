@@ -21,6 +21,13 @@ from spoolfs.service.spool import Spool
 from spoolfs.store.base import WriteTx
 
 
+@pytest.fixture
+async def daemons(tmp_path: Path) -> AsyncIterator[tuple[Spool, Spool, Q]]:
+    """Daemons A and B of one embedded store, as two mounts of it are, and its queue ``q``."""
+    async with running(tmp_path) as a, running(tmp_path) as b:
+        yield a, b, Q(a, (await a.mkdir(1, b"q", 0o755, WHO)).id)
+
+
 @pytest.fixture(params=["sqlite", "memory"])
 async def env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Spool, Q]]:
     """The service's rules hold on every engine: each test of ``env`` runs on the embedded

@@ -9,14 +9,13 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
 import trio.testing
 
-from helpers.spool import WHO, Q, content, running
+from helpers.spool import WHO, Q, content
 from spoolfs.blobs import freeing
 from spoolfs.core.errors import NotFound, NotPermitted
 from spoolfs.core.rules import State
@@ -53,6 +52,15 @@ async def begun(started: threading.Event) -> None:
     with trio.fail_after(10):
         while not started.is_set():
             await trio.sleep(0.001)
+
+
+async def during_a_cut(cut: Callable[[], Awaitable[object]], started: threading.Event,
+                       then: Callable[[], Awaitable[object]]) -> None:
+    """``cut()`` begun, and ``then()`` once its slow cut is under way."""
+    async with trio.open_nursery() as n:
+        n.start_soon(cut)
+        await begun(started)
+        await then()
 
 
 async def upload_in_partial(spool: Spool, q: Q, name: bytes, data: bytes) -> int:
@@ -135,10 +143,9 @@ async def test_a_publish_during_a_cut_seals_what_the_cut_left(
     spool, q = env
     eid = await upload_in_partial(spool, q, b"f", BIG)
     notes, started = slow_cuts(monkeypatch, 0.2)
-    async with trio.open_nursery() as n:
-        n.start_soon(lambda: spool.setattr(eid, size=100, who=WHO))
-        await begun(started)
-        await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    await during_a_cut(lambda: spool.setattr(eid, size=100, who=WHO), started,
+                       lambda: spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f",
+                                            0, WHO))
     e = spool.lookup(q[State.READY], b"f")
     assert e.id == eid and e.size == 100 and content(spool, eid) == BIG[:100]
     blob = spool.r.blob(e.blob) if e.blob is not None else None
@@ -238,13 +245,6 @@ async def test_a_rename_or_link_during_a_cut_waits_for_it(
     assert writers_left(spool) == ({}, 0)
 
 
-@pytest.fixture
-async def daemons(tmp_path: Path) -> AsyncIterator[tuple[Spool, Spool, Q]]:
-    """Two daemons of one embedded store."""
-    async with running(tmp_path) as a, running(tmp_path) as b:
-        yield a, b, Q(a, (await a.mkdir(1, b"q", 0o755, WHO)).id)
-
-
 async def test_a_publish_through_another_mount_during_a_cut_appears_after_it(
         daemons: tuple[Spool, Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
     """``truncate -s 0 partial/f`` through one mount, ``mv partial/f ready/`` through another
@@ -253,10 +253,9 @@ async def test_a_publish_through_another_mount_during_a_cut_appears_after_it(
     a, b, q = daemons
     eid = await upload_in_partial(a, q, b"f", BIG)
     notes, started = slow_cuts(monkeypatch, 0.3)
-    async with trio.open_nursery() as n:
-        n.start_soon(lambda: a.setattr(eid, size=0, who=WHO))
-        await begun(started)
-        await b.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    await during_a_cut(lambda: a.setattr(eid, size=0, who=WHO), started,
+                       lambda: b.rename(q[State.PARTIAL], b"f", q[State.READY], b"f",
+                                        0, WHO))
     e = a.lookup(q[State.READY], b"f")
     assert e.id == eid and not e.hidden and not e.staged and content(a, eid) == b""
     assert writers_left(a) == ({}, 0) and writers_left(b) == ({}, 0)
@@ -356,10 +355,9 @@ async def test_an_nfs_servers_resize_publishes_nothing_under_its_writer(
     eid = await upload_in_partial(a, q, b"f", BIG)
     h = await a.open(eid, True, False, NFS)
     notes, started = slow_cuts(monkeypatch, 0.3)
-    async with trio.open_nursery() as n:
-        n.start_soon(lambda: a.setattr(eid, size=0, who=NFS))
-        await begun(started)
-        await b.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
+    await during_a_cut(lambda: a.setattr(eid, size=0, who=NFS), started,
+                       lambda: b.rename(q[State.PARTIAL], b"f", q[State.READY], b"f",
+                                        0, WHO))
     assert a.listdir(q[State.READY]) == []
     a.write(h, 0, b"after the cut")
     await a.committed(h, NFS)

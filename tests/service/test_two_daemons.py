@@ -5,26 +5,16 @@ and a writer opening it while the other seals it waits, then finds it published.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 import trio
 import trio.testing
 
-from helpers.spool import WHO, Q, content, running, upload
+from helpers.spool import WHO, Q, content, upload
 from spoolfs.core.errors import NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.service.content import Handle
 from spoolfs.service.spool import Spool
 from spoolfs.store.base import Entry
-
-
-@pytest.fixture
-async def daemons(tmp_path: Path) -> AsyncIterator[tuple[Spool, Spool, Q]]:
-    """Daemons A and B of one store, and its queue ``q``."""
-    async with running(tmp_path) as a, running(tmp_path) as b:
-        yield a, b, Q(a, (await a.mkdir(1, b"q", 0o755, WHO)).id)
 
 
 async def writing(spool: Spool, q: Q, data: bytes) -> tuple[Entry, Handle]:
