@@ -21,6 +21,14 @@ from helpers.queues import Queue
 from helpers.s3server import S3Server
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The suite runs in two processes (pyproject's addopts). Where FUSE cannot run, it runs in
+    # this one, whose collection below stops the session with the reason (a worker process
+    # that stops is only a crash to the others).
+    if not hasattr(config, "workerinput") and fuse_problems():
+        config.option.dist = "no"
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     if not any(item.get_closest_marker("fuse") for item in items):

@@ -2,16 +2,24 @@
 with the export block of mount-examples/ganesha.conf, and rpcbind (started if none runs,
 stopped after). This kernel has no NFS server or client: the clients are libnfs
 (helpers/nfsclient.py). Never skipped: a server that cannot start fails the test with its
-log."""
+log.
+
+The server takes the machine's port 2049, and the suite runs in two processes: a test holds
+``port_2049()`` (a lock file) from before its server starts until it has stopped, and a test
+that needs the port while another holds it waits its turn."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from helpers.nfsclient import NfsClient
 from helpers.waiting import patience
@@ -21,6 +29,34 @@ EXAMPLE = ROOT / "mount-examples" / "ganesha.conf"
 GANESHA = "/usr/bin/ganesha.nfsd"
 PSEUDO = "/spool"
 LOOPBACK = "127.0.0.1"
+LOCK = "/tmp/spoolfs-test-nfs-port.lock"
+
+
+def take_port_2049() -> IO[str]:
+    """The machine's NFS port for this test, once no other test holds it (a lock held until
+    the returned file is closed)."""
+    lock = open(LOCK, "a")  # noqa: SIM115 (held open by the caller: the lock)
+    deadline = time.monotonic() + patience(120)
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                lock.close()
+                raise AssertionError(f"another test has held port 2049 ({LOCK}) for "
+                                     f"{patience(120):g} s") from None
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def port_2049() -> Iterator[None]:
+    """Hold the machine's NFS port (see the module's docstring) for the ``with`` block."""
+    lock = take_port_2049()
+    try:
+        yield
+    finally:
+        lock.close()
 
 
 def pids(name: str) -> list[int]:
@@ -50,11 +86,22 @@ class NfsServer:
         self.log = self.dir / "ganesha.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._rpcbind: subprocess.Popen[bytes] | None = None
+        self._port: IO[str] | None = None
 
     def start(self) -> NfsServer:
+        """Start the server (again, after ``stop``); the port is held until ``close``."""
         if not os.path.exists(GANESHA):
             raise AssertionError("nfs-ganesha is not installed: apt-get install nfs-ganesha "
                                  "nfs-ganesha-vfs rpcbind libnfs-utils")
+        if self._port is None:
+            self._port = take_port_2049()
+        try:
+            return self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> NfsServer:
         if pids("ganesha.nfsd"):
             raise AssertionError("another ganesha.nfsd runs (port 2049 is taken)")
         if not pids("rpcbind"):
@@ -105,3 +152,6 @@ class NfsServer:
             self._rpcbind.terminate()
             self._rpcbind.wait()
             self._rpcbind = None
+        if self._port is not None:
+            self._port.close()
+            self._port = None

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers.namespace import Namespace
-from helpers.nfs import LOOPBACK, client, pids
+from helpers.nfs import LOOPBACK, client, pids, port_2049
 from helpers.nfsclient import NfsClient
 from helpers.procs import process_exited, watch_daemon
 from helpers.waiting import wait_until
@@ -47,17 +47,18 @@ def blocks() -> list[list[str]]:
 
 @pytest.fixture
 def ns(tmp_path: Path) -> Iterator[Namespace]:
-    assert not pids("ganesha.nfsd"), "another ganesha.nfsd runs (port 2049 is taken)"
-    had_rpcbind = bool(pids("rpcbind"))
-    namespace = Namespace(tmp_path / "sbin", private=PRIVATE)
-    try:
-        yield namespace
-    finally:
-        namespace.shell("pkill -x ganesha.nfsd; while pgrep -x ganesha.nfsd >/dev/null; "
-                        "do sleep 0.2; done; spoolfs umount /mnt/spool", cwd=ROOT)
-        if not had_rpcbind:
-            subprocess.run(["pkill", "-x", "rpcbind"])
-        namespace.close()
+    with port_2049():
+        assert not pids("ganesha.nfsd"), "another ganesha.nfsd runs (port 2049 is taken)"
+        had_rpcbind = bool(pids("rpcbind"))
+        namespace = Namespace(tmp_path / "sbin", private=PRIVATE)
+        try:
+            yield namespace
+        finally:
+            namespace.shell("pkill -x ganesha.nfsd; while pgrep -x ganesha.nfsd >/dev/null; "
+                            "do sleep 0.2; done; spoolfs umount /mnt/spool", cwd=ROOT)
+            if not had_rpcbind:
+                subprocess.run(["pkill", "-x", "rpcbind"])
+            namespace.close()
 
 
 def follow(ns: Namespace, lines: list[str], cwd: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.nfs import port_2049
 from helpers.waiting import wait_until
 from spoolfs.fuse import procinfo
 
@@ -95,6 +96,12 @@ def _named(tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
 def test_the_nfs_server_is_known_by_its_process_name(tmp_path: Path) -> None:
     """``-o nfs_export`` treats requests of nfs-ganesha as the server's; a user process
     calling itself ``nfsd`` is not the kernel's (those are kernel threads)."""
+    # a process named ganesha.nfsd: an NFS test would take it for a server on port 2049
+    with port_2049():
+        _server_is_known_by_its_process_name(tmp_path)
+
+
+def _server_is_known_by_its_process_name(tmp_path: Path) -> None:
     server, impostor = _named(tmp_path, "ganesha.nfsd"), _named(tmp_path, "nfsd")
     try:
         assert procinfo.nfs_server(server.pid)
