@@ -124,6 +124,25 @@ def test_rename_while_writer_holds_file_publishes_on_last_close(queue: Queue) ->
     assert read(queue.ready / "held") == first + second
 
 
+def test_a_name_looked_up_while_hidden_is_found_as_soon_as_it_appears(queue: Queue) -> None:
+    """A lookup of a hidden upload answers ENOENT, and the kernel keeps that answer a while
+    (negative entries are cached): the publish at its writer's close, which ``close`` waits
+    for, must take it back, or a consumer's ``stat`` and ``mv`` right after fail."""
+    data = make_content("hidden", 10_000)
+    for name in ("claimed", "stated"):
+        fd = os.open(queue.partial / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            ok("mv", queue.partial / name, queue.ready / name)
+            fails("stat", queue.ready / name, message="No such file or directory")
+        finally:
+            os.close(fd)
+    view = queue.consumer("w1")
+    ok("mv", queue.ready / "claimed", view)
+    assert os.stat(queue.ready / "stated").st_size == len(data)
+    assert read(view / "claimed") == data
+
+
 def test_file_being_written_into_ready_cannot_be_claimed(queue: Queue) -> None:
     queue.consumer("w1")
     data = make_content("slow", 50_000)
