@@ -444,6 +444,29 @@ async def test_a_large_upload_is_hashed_while_it_is_written(
     assert content(spool, mid) == data and spool.content._running == {}
 
 
+async def test_removing_an_upload_waits_for_its_hashing_off_the_loop(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rm`` of a large upload while it is hashed ahead: the hashing thread reads it, and so
+    holds its space, to the end of its chunk; the request waits for it in the worker thread
+    that frees the file (its space is free once ``rm`` returns), not on the event loop."""
+    spool, q = env
+    joined: list[bool] = []  # for each join of a hashing thread: whether on the loop's thread
+    real_join = threading.Thread.join
+
+    def join(self: threading.Thread, timeout: float | None = None) -> None:
+        if self.name == "spoolfs-hash":
+            joined.append(threading.current_thread() is threading.main_thread())
+        real_join(self, timeout)
+    monkeypatch.setattr(threading.Thread, "join", join)
+    mid = await written(spool, q[State.PARTIAL], b"f", os.urandom(6 * CHUNK + 5))
+    thread = spool.content._running[mid]._thread
+    assert thread is not None and thread.is_alive()  # (it ends after 1 s without writes)
+    await spool.unlink(q[State.PARTIAL], b"f", WHO)
+    assert joined == [False] and not thread.is_alive()
+    assert spool.content._running == {}
+    assert not os.path.exists(spool.content.staging.path(mid))
+
+
 @pytest.mark.parametrize("change", ["rewrite", "resize"])
 async def test_an_upload_changed_by_another_daemon_is_hashed_as_it_stands(
         tmp_path: Path, hashed_from: list[int], change: str) -> None:

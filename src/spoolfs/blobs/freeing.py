@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,26 @@ def close_later(fd: int) -> None:
                          daemon=True).start()
     except RuntimeError:  # no thread to be had: here, then
         close_all([fd])
+
+
+@dataclass(slots=True)
+class Held:
+    """What holds the space of files a request removed: descriptors from ``detach``, and
+    threads that still read some of those files (a running hash, to the end of its chunk)
+    and close them when they end. ``free`` (blocking) waits for both."""
+
+    fds: list[int] = field(default_factory=list)
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.fds or self.readers)
+
+    def free(self) -> None:
+        try:
+            for thread in self.readers:
+                thread.join()
+        finally:
+            close_all(self.fds)
 
 
 def close_all(fds: Iterable[int]) -> None:

@@ -119,14 +119,15 @@ class RunningHash:
             self._cond.notify()
             return self._thread
 
-    def drop(self, wait: bool = False) -> None:
-        """Give up: the file changed other than by writes at its end. ``wait``: until the
-        thread has let go of the file (removed, its space is free once ``rm`` returns; a
-        thread in the middle of a chunk takes a few ms more)."""
+    def drop(self, wait: bool = False) -> threading.Thread | None:
+        """Give up: the file changed other than by writes at its end. Returns the thread,
+        if any, that may still read the file to the end of its chunk (a few ms), holding it
+        open; ``wait``: join it here."""
         self.broken = True
         thread = self._halt()
         if wait and thread is not None:
             thread.join()
+        return thread
 
     def digest(self, fd: int, st: os.stat_result) -> tuple[bytes, int] | None:
         """SHA-256 and size of the whole file, open on ``fd`` (``st``: its status now),

@@ -446,16 +446,20 @@ class Content:
             if blob is not None and blob.data is None:
                 cleanup.append(("blob", (blob.sha256, blob.id)))
 
-    def cleanup(self, items: list[tuple[str, object]], open_here: bool = False) -> list[int]:
-        """Remove the files of what a committed transaction deleted: their names go now; the
-        descriptors returned hold the space of large ones until closed (blobs/freeing.py).
-        ``open_here``: a handle of this daemon holds the staging files open, and its last
-        close frees them (off the loop): only their names go."""
-        held: list[int] = []
+    def cleanup(self, items: list[tuple[str, object]],
+                open_here: bool = False) -> freeing.Held:
+        """Remove the files of what a committed transaction deleted: their names go now; what
+        is returned holds the space of large ones until freed (blobs/freeing.py), with the
+        running hash of a staging file that still reads it. ``open_here``: a handle of this
+        daemon holds the staging files open, and its last close frees them (off the loop):
+        only their names go."""
+        held = freeing.Held()
         try:
             for kind, what in items:
+                reader = None
                 if kind == "staging":
-                    self.forget(cast(int, what))
+                    running = self._running.pop(cast(int, what), None)
+                    reader = running.drop() if running is not None else None
                     if open_here:
                         self.staging.remove(cast(int, what))
                         continue
@@ -464,8 +468,10 @@ class Content:
                     sha, bid = cast(tuple[bytes, int], what)
                     fd = self.blobs.detach(sha, bid)
                 if fd is not None:
-                    held.append(fd)
+                    held.fds.append(fd)
+                    if reader is not None:
+                        held.readers.append(reader)
         except BaseException:
-            freeing.close_all(held)
+            freeing.close_all(held.fds)
             raise
         return held

@@ -78,24 +78,24 @@ def _shown(e: Entry | None) -> Entry:
     return e
 
 
-async def free_off_loop(fds: list[int]) -> None:
-    """Close descriptors that hold removed files' space (blobs/freeing.py) in a worker thread,
-    and wait for it; cancelled meanwhile, they are closed all the same."""
-    if not fds:
+async def free_off_loop(held: freeing.Held) -> None:
+    """Free what holds removed files' space (blobs/freeing.py) in a worker thread, and wait
+    for it; cancelled meanwhile, it is freed all the same."""
+    if not held:
         return
     began = False
 
-    def close() -> None:
+    def free() -> None:
         nonlocal began
         began = True
-        freeing.close_all(fds)
+        held.free()
 
     try:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(close)
+            await trio.to_thread.run_sync(free)
     finally:
         if not began:  # no thread to be had: here, then (never twice: a number is reused)
-            freeing.close_all(fds)
+            held.free()
 
 
 class SpoolCore:

@@ -10,6 +10,7 @@ from typing import Any
 
 import trio
 
+from spoolfs.blobs import freeing
 from spoolfs.core import rules
 from spoolfs.core.errors import (
     Exists,
@@ -293,7 +294,7 @@ class Uploads(Publishing):
         finally:
             self._let_go(h)
             held = h.close_unless_holding()  # (a message removed while it was read)
-            await free_off_loop([held] if held is not None else [])
+            await free_off_loop(freeing.Held([held] if held is not None else []))
 
     async def _closing(self, h: Handle, who: Who) -> None:
         # before it looks whether the upload is left to publish: a writer through another
