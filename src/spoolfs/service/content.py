@@ -331,12 +331,12 @@ class Content:
             h.running = self._running[entry_id] = RunningHash(self.staging.path(entry_id))
         return h
 
-    def forget(self, entry_id: int) -> None:
-        """Drop the running hash of an upload (removed, resized, rolled back), once its
-        thread has let go of the file."""
+    def forget(self, entry_id: int, wait: bool = False) -> threading.Thread | None:
+        """Drop the running hash of an upload (removed, resized, rolled back). Returns its
+        thread, if any, that may still read the file to the end of its chunk; ``wait``: join
+        it here."""
         running = self._running.pop(entry_id, None)
-        if running is not None:
-            running.drop(wait=True)
+        return running.drop(wait) if running is not None else None
 
     def resize(self, entry_id: int, size: int) -> Cut | None:
         """Resize an upload's staging file (its size is the file's: no transaction). A cut
@@ -344,9 +344,7 @@ class Content:
         0.4 s for 256 MiB with ``discard``) is returned, to be made in a worker thread; else
         it is made here. The file is opened here either way: the cut holds it open, however
         the upload fares meanwhile (removed, it is freed when the cut lets go)."""
-        running = self._running.pop(entry_id, None)
-        if running is not None:  # (its thread stops after its chunk: no need to wait)
-            running.drop()
+        self.forget(entry_id)  # (its thread stops after its chunk: no need to wait)
         cut = Cut(entry_id, self._staging_file(entry_id), size)
         try:
             if self.hashes_ahead:  # a running hash of another daemon may not miss it either
@@ -458,8 +456,7 @@ class Content:
             for kind, what in items:
                 reader = None
                 if kind == "staging":
-                    running = self._running.pop(cast(int, what), None)
-                    reader = running.drop() if running is not None else None
+                    reader = self.forget(cast(int, what))
                     if open_here:
                         self.staging.remove(cast(int, what))
                         continue

@@ -89,7 +89,7 @@ class Uploads(Publishing):
                 self.staging_pool.unused(pooled[0], pooled[1], remove=not named)
             for h in made:  # rolled back: the file names no row (recovery removes it)
                 self._let_go(h)
-                self.content.forget(h.entry_id)
+                self.content.forget(h.entry_id, wait=True)
                 h.close()
             raise
         if pooled is None:
