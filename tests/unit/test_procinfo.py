@@ -98,26 +98,22 @@ def test_the_nfs_server_is_known_by_its_process_name(tmp_path: Path) -> None:
     calling itself ``nfsd`` is not the kernel's (those are kernel threads)."""
     # a process named ganesha.nfsd: an NFS test would take it for a server on port 2049
     with port_2049():
-        _server_is_known_by_its_process_name(tmp_path)
-
-
-def _server_is_known_by_its_process_name(tmp_path: Path) -> None:
-    server, impostor = _named(tmp_path, "ganesha.nfsd"), _named(tmp_path, "nfsd")
-    try:
-        assert procinfo.nfs_server(server.pid)
-        assert not procinfo.nfs_server(impostor.pid)
-        assert not procinfo.nfs_server(os.getpid())
-        assert not procinfo.nfs_server(2 ** 22 + 1)  # no such process
-        seen: list[bool] = []
-        t = threading.Thread(target=lambda: seen.append(procinfo.nfs_server(
-            threading.get_native_id())))
-        t.start()
-        t.join()
-        assert seen == [False]  # a thread is judged by its process
-    finally:
-        for p in (server, impostor):
-            p.kill()
-            p.wait()
+        server, impostor = _named(tmp_path, "ganesha.nfsd"), _named(tmp_path, "nfsd")
+        try:
+            assert procinfo.nfs_server(server.pid)
+            assert not procinfo.nfs_server(impostor.pid)
+            assert not procinfo.nfs_server(os.getpid())
+            assert not procinfo.nfs_server(2 ** 22 + 1)  # no such process
+            seen: list[bool] = []
+            t = threading.Thread(target=lambda: seen.append(procinfo.nfs_server(
+                threading.get_native_id())))
+            t.start()
+            t.join()
+            assert seen == [False]  # a thread is judged by its process
+        finally:
+            for p in (server, impostor):
+                p.kill()
+                p.wait()
 
 
 def test_a_descriptor_closed_while_its_fdinfo_is_read_is_passed_over(
