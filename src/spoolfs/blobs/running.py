@@ -28,11 +28,16 @@ import stat
 import tempfile
 import threading
 
-from spoolfs.blobs.files import CHUNK, hash_file
+from spoolfs.blobs.files import hash_file
 
-#: the thread starts once an upload is this large (smaller ones are hashed at publish: a
-#: thread costs more than it saves)
-START = 1 << 20
+#: The thread is woken once this much more is written, and reads and hashes this much at a
+#: time, into one buffer of its own: a thread starts once an upload is this large (smaller
+#: ones are hashed at publish: a thread costs more than it saves). Every wake-up, read and
+#: hash takes the interpreter lock back once, and while a writer keeps the event loop busy
+#: each such hand-over can hold a write up (with 1 MiB steps, about one 1 MiB write in two
+#: waited for the lock; with 4 MiB steps, one in five); the tail left to publish is at most
+#: this much (4 ms of hashing).
+STEP = 4 << 20
 #: the mark of a staging file opened for writing other than by its creation
 REOPENED = stat.S_ISVTX
 #: a thread with nothing to hash for this long ends (a new write starts another)
@@ -91,7 +96,7 @@ class RunningHash:
             self.drop()
             return
         self.end = end = off + n
-        if end >= START and end - self._woken >= CHUNK:
+        if end - self._woken >= STEP:
             self._woken = end
             if self._cond is None:
                 self._hash = hashlib.sha256()
@@ -161,24 +166,24 @@ class RunningHash:
             elif self._file != (st.st_dev, st.st_ino):  # after an idle end: another file
                 self.broken = True
                 return
+            buf = bytearray(STEP)
             while True:
                 with cond:
-                    while self._hashed + CHUNK > self.end and not self._stop:
-                        if not cond.wait(IDLE_S) and self._hashed + CHUNK > self.end:
+                    while self._hashed + STEP > self.end and not self._stop:
+                        if not cond.wait(IDLE_S) and self._hashed + STEP > self.end:
                             self._thread = None  # idle: a later write starts another
                             return
                     if self._stop:
                         return
                     todo = self.end - self._hashed
-                todo -= todo % CHUNK  # whole chunks: the tail is hashed at publish
+                todo -= todo % STEP  # whole steps: the tail is hashed at publish
                 while todo > 0 and not self._stop:
-                    chunk = os.pread(fd, CHUNK, self._hashed)
-                    if len(chunk) != CHUNK:  # shorter than written: it was cut
-                        self.broken = True
+                    if os.preadv(fd, [buf], self._hashed) != STEP:  # shorter than written:
+                        self.broken = True  # it was cut
                         return
-                    hashing.update(chunk)
-                    self._hashed += CHUNK
-                    todo -= CHUNK
+                    hashing.update(buf)
+                    self._hashed += STEP
+                    todo -= STEP
         except OSError:
             self.broken = True
         finally:
