@@ -610,6 +610,35 @@ async def test_writes_the_disk_holds_back_leave_the_other_requests_answered(
     assert attr.st_size == 301
 
 
+async def test_a_write_slow_without_waiting_stays_on_the_loop(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write can take long without waiting on the disk: its thread lost the CPU to another
+    (or, on a virtual machine, the host took the machine's CPU away for a while). A worker
+    thread would not make that faster, only each write dearer: the writes stay on the loop.
+    Only a write that slept (the kernel's dirty-page throttling) sends them to threads."""
+    import threading
+    import time
+
+    fi, _ = await fs.ops.create(fs[State.PARTIAL], b"f", 0o644, os.O_WRONLY, Ctx())
+    where: list[bool] = []
+    real_pwrite = os.pwrite
+
+    def busy_pwrite(fd: int, buf: bytes, off: int) -> int:
+        where.append(threading.current_thread() is threading.main_thread())
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:  # 50 ms of the CPU's time, no sleep
+            pass
+        return real_pwrite(fd, buf, off)
+    monkeypatch.setattr(os, "pwrite", busy_pwrite)
+
+    for i in range(3):
+        assert await fs.ops.write(fi.fh, 100 * i, b"a" * 100) == 100
+    assert where == [True] * 3
+    assert fs.spool.write_pace.off_loop_until == 0
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    await fs.ops.release(fi.fh)
+
+
 async def test_removing_content_never_frees_its_space_on_the_loop(
         fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
     """Freeing a removed file's blocks can take long (with ``discard``, 0.4 s for 256 MiB on

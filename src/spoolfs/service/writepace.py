@@ -6,10 +6,16 @@ here. When a writer's dirty pages outrun the disk, the kernel holds the writing 
 (dirty-page throttling: pauses of milliseconds each, up to 200 ms, until the disk catches
 up); on the loop's thread such a pause holds every request of the mount. Nothing tells
 beforehand (ext4 refuses ``RWF_NOWAIT`` for buffered writes), so each write is timed: one
-that took longer than ``WAITED_NS`` (and 1 ns per byte, memory's pace) waited on the disk,
-and the writes of the next ``OFF_LOOP_NS`` run in worker threads, each slow one there
-extending it. The first pause still falls on the loop; the hand-off to a thread and back
-(100-200 µs of the loop's time) is paid only while the disk lags.
+that took longer than ``WAITED_NS`` (and 1 ns per byte, memory's pace) and slept meanwhile
+(a voluntary context switch of its thread, ``getrusage``) waited on the disk, and the writes
+of the next ``OFF_LOOP_NS`` run in worker threads, each slow one there extending it. The
+first pause still falls on the loop; the hand-off to a thread and back (100-200 µs of the
+loop's time, and a write's wait for the interpreter lock after it) is paid only while the
+disk lags. A write that took as long without sleeping lost its CPU instead: to another
+thread, or, on a virtual machine, to the host taking the machine's CPU away for a few ms
+(seen here several times a second while a large file is written: every one had been taken
+for a disk wait, and sent the next second's writes to threads, a third slower each). A
+thread would not have made it faster: writes stay on the loop.
 
 Only the ``pwrite`` runs in the thread: a write is checked (not published yet) and accounted
 (the running hash, the early writeback) on the loop, in the order the writes end. Writes
@@ -26,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from resource import RUSAGE_THREAD, getrusage
 from time import monotonic_ns, perf_counter_ns
 from typing import Any, TypeVar
 
@@ -86,12 +93,13 @@ class WritePace:
             await self._landed.wait()
 
     def _timed(self, h: Handle, off: int, buf: bytes) -> int:
+        sleeps = getrusage(RUSAGE_THREAD).ru_nvcsw  # (1 µs)
         start = perf_counter_ns()
         try:
             return h.pwrite(off, buf)
         finally:
             took = perf_counter_ns() - start
-            if took > WAITED_NS + len(buf):
+            if took > WAITED_NS + len(buf) and getrusage(RUSAGE_THREAD).ru_nvcsw != sleeps:
                 now = monotonic_ns()
                 if now >= self.off_loop_until:
                     log.debug("a write of %d bytes waited %.1f ms on the disk: writes run in "
