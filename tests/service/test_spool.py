@@ -18,6 +18,7 @@ from helpers.spool import WHO, Q, content, copies, entries_read, running, upload
 from helpers.waiting import patience, wait_until
 from spoolfs.blobs import running as running_module
 from spoolfs.blobs.files import CHUNK, BlobDir, StagingDir
+from spoolfs.blobs.running import STEP as HASH_STEP
 from spoolfs.core.errors import Exists, NotEmpty, NotFound, NotPermitted
 from spoolfs.core.rules import State
 from spoolfs.service import batches
@@ -434,12 +435,12 @@ def hashed_from(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 async def test_a_large_upload_is_hashed_while_it_is_written(
         env: tuple[Spool, Q], hashed_from: list[int]) -> None:
     spool, q = env
-    data = os.urandom(6 * CHUNK + 5)
+    data = os.urandom(6 * HASH_STEP + 5)
     mid = await written(spool, q[State.PARTIAL], b"f", data)
     running = spool.content._running[mid]
-    wait_until(lambda: running._hashed == 6 * CHUNK, what="the upload hashed ahead")
+    wait_until(lambda: running._hashed == 6 * HASH_STEP, what="the upload hashed ahead")
     await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
-    assert hashed_from == [6 * CHUNK]
+    assert hashed_from == [6 * HASH_STEP]
     assert sha256_of(spool, mid) == hashlib.sha256(data).digest()
     assert content(spool, mid) == data and spool.content._running == {}
 
@@ -458,7 +459,7 @@ async def test_removing_an_upload_waits_for_its_hashing_off_the_loop(
             joined.append(threading.current_thread() is threading.main_thread())
         real_join(self, timeout)
     monkeypatch.setattr(threading.Thread, "join", join)
-    mid = await written(spool, q[State.PARTIAL], b"f", os.urandom(6 * CHUNK + 5))
+    mid = await written(spool, q[State.PARTIAL], b"f", os.urandom(6 * HASH_STEP + 5))
     thread = spool.content._running[mid]._thread
     assert thread is not None and thread.is_alive()  # (it ends after 1 s without writes)
     await spool.unlink(q[State.PARTIAL], b"f", WHO)
@@ -475,18 +476,18 @@ async def test_an_upload_changed_by_another_daemon_is_hashed_as_it_stands(
     through the first hashes what the file holds."""
     async with running(tmp_path) as spool, running(tmp_path) as other:
         q = Q(spool, (await spool.mkdir(1, b"q", 0o755, WHO)).id)
-        data = bytearray(os.urandom(4 * CHUNK))
+        data = bytearray(os.urandom(4 * HASH_STEP))
         mid = await written(spool, q[State.PARTIAL], b"f", bytes(data))
         running_hash = spool.content._running[mid]
-        wait_until(lambda: running_hash._hashed == 4 * CHUNK, what="the upload hashed ahead")
+        wait_until(lambda: running_hash._hashed == 4 * HASH_STEP, what="the upload hashed ahead")
         if change == "rewrite":
             h = await other.open(mid, writable=True, truncate=False, who=WHO)
-            other.write(h, CHUNK, b"changed")
+            other.write(h, HASH_STEP, b"changed")
             await other.close(h, WHO)
-            data[CHUNK:CHUNK + 7] = b"changed"
+            data[HASH_STEP:HASH_STEP + 7] = b"changed"
         else:
-            await other.setattr(mid, size=3 * CHUNK, who=WHO)
-            del data[3 * CHUNK:]
+            await other.setattr(mid, size=3 * HASH_STEP, who=WHO)
+            del data[3 * HASH_STEP:]
         await spool.rename(q[State.PARTIAL], b"f", q[State.READY], b"f", 0, WHO)
         assert hashed_from == [0]  # the whole file, not the head start
         assert sha256_of(spool, mid) == hashlib.sha256(data).digest()
@@ -497,17 +498,17 @@ async def test_an_upload_changed_by_another_daemon_is_hashed_as_it_stands(
 async def test_an_upload_changed_here_is_hashed_as_it_stands(
         env: tuple[Spool, Q], hashed_from: list[int], change: str) -> None:
     spool, q = env
-    data = bytearray(os.urandom(3 * CHUNK))
+    data = bytearray(os.urandom(3 * HASH_STEP))
     mid = await written(spool, q[State.PARTIAL], b"f", bytes(data))
     running_hash = spool.content._running[mid]
-    wait_until(lambda: running_hash._hashed == 3 * CHUNK, what="the upload hashed ahead")
+    wait_until(lambda: running_hash._hashed == 3 * HASH_STEP, what="the upload hashed ahead")
     h = await spool.open(mid, writable=True, truncate=False, who=WHO)
     if change == "rewrite":  # a write not at the end
         spool.write(h, 10, b"changed")
         data[10:17] = b"changed"
     elif change == "resize":
-        await spool.setattr(mid, size=2 * CHUNK + 1, who=WHO)
-        del data[2 * CHUNK + 1:]
+        await spool.setattr(mid, size=2 * HASH_STEP + 1, who=WHO)
+        del data[2 * HASH_STEP + 1:]
     else:  # reopened here and written at the end: the running hash goes on
         spool.write(h, len(data), b"more")
         data += b"more"
@@ -524,7 +525,7 @@ async def test_a_removed_upload_leaves_no_running_hash(
     returns (a full disk's way out)."""
     monkeypatch.setattr(running_module, "IDLE_S", 3600.0)  # the thread waits for more writes
     spool, q = env
-    mid = await written(spool, q[State.PARTIAL], b"f", os.urandom(3 * CHUNK))
+    mid = await written(spool, q[State.PARTIAL], b"f", os.urandom(3 * HASH_STEP))
     thread = spool.content._running[mid]._thread
     assert thread is not None
     await spool.unlink(q[State.PARTIAL], b"f", WHO)
