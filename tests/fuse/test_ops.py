@@ -559,6 +559,64 @@ async def test_a_read_from_the_disk_leaves_the_other_requests_answered(
     await fs.ops.release(fi.fh)
 
 
+async def _upload(fs: Fs, name: bytes, size: int) -> None:
+    """An upload in partial/ written through the handlers, closed."""
+    fi, _ = await fs.ops.create(fs[State.PARTIAL], name, 0o644, os.O_WRONLY, Ctx())
+    for off in range(0, size, 1 << 20):
+        assert await fs.ops.write(fi.fh, off, b"z" * (1 << 20)) == 1 << 20
+    await fs.ops.flush(fi.fh)
+    await fs.ops.release(fi.fh)
+
+
+async def test_an_upload_whose_sync_failed_is_never_published(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel reports a failed writeback to one fsync only: the publish that saw it fails
+    (EIO), and so does every later one of that upload, whose content may have lost a part,
+    until it is removed; nothing is published that the disk did not take."""
+    real_fsync, failures = os.fsync, [1]
+
+    def fsync(fd: int) -> None:
+        if failures:  # the seal's, once: as the kernel reports a writeback error
+            failures.pop()
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    await _upload(fs, b"big", 2 << 20)
+    monkeypatch.setattr(os, "fsync", fsync)
+    for _ in range(2):
+        assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"big", fs[State.READY],
+                                             b"big", 0, Ctx())) == errno.EIO
+    assert failures == []
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert (await fs.ops.lookup(fs[State.PARTIAL], b"big", Ctx())).st_size == 2 << 20
+    assert (await fs.ops.lookup(fs[State.READY], b"big", Ctx())).st_ino == 0  # no such name
+    await fs.ops.unlink(fs[State.PARTIAL], b"big", Ctx())  # written again, it publishes
+    await _upload(fs, b"big", 2 << 20)
+    await fs.ops.rename(fs[State.PARTIAL], b"big", fs[State.READY], b"big", 0, Ctx())
+
+
+async def test_an_upload_whose_early_sync_failed_is_never_published(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A very large upload is synced while it is written (blobs/writeback.py); an early sync
+    that failed saw the error the seal's fsync no longer would: the publish fails all the
+    same."""
+    from spoolfs.blobs import writeback
+    from spoolfs.service import content
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    wb = writeback.Writeback(sync=failing)
+    monkeypatch.setattr(content, "WRITEBACK", wb)
+    monkeypatch.setattr(content, "SYNC_STEP", writeback.STEP)
+    await _upload(fs, b"big", writeback.STEP)
+    wb.drain()
+    for _ in range(2):
+        assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"big", fs[State.READY],
+                                             b"big", 0, Ctx())) == errno.EIO
+    await fs.ops.unlink(fs[State.PARTIAL], b"big", Ctx())
+
+
 async def test_writes_the_disk_holds_back_leave_the_other_requests_answered(
         fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
     """When dirty pages outrun the disk the kernel pauses each writer (dirty-page throttling).

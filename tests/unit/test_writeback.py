@@ -1,10 +1,12 @@
 """Early writeback of large uploads: every STEP bytes written through a handle, the kernel is
-asked (in a thread of its own) to start writing the file back, so that the fsync at publish has
-little left; small uploads are never asked for, and a hint that fails changes nothing."""
+asked (in a thread of its own) to start writing the file back, and every SYNC_STEP to make it
+durable so far, so that the fsync at publish has little left; small uploads are never asked
+for, a hint that fails changes nothing, and a sync that fails is kept for the upload's seal."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,11 +32,24 @@ class Recorder:
             raise OSError(5, "no")
 
 
-def _write(path: Path, total: int, wb: Writeback, monkeypatch: pytest.MonkeyPatch) -> int:
+class Syncs:
+    def __init__(self, fail: bool = False) -> None:
+        self.sizes: list[int] = []  # the file's size at each sync
+        self.fail = fail
+
+    def __call__(self, fd: int) -> None:
+        self.sizes.append(os.fstat(fd).st_size)
+        if self.fail:
+            raise OSError(5, "Input/output error")
+
+
+def _write(path: Path, total: int, wb: Writeback, monkeypatch: pytest.MonkeyPatch,
+           key: str | None = None) -> int:
     """Write ``total`` bytes through a handle in 1 MiB writes; the file's inode."""
     monkeypatch.setattr(content, "WRITEBACK", wb)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     h = Handle(1, fd, None, writable=True, sealed=False)
+    h.sync_key = key
     chunk = b"x" * MIB
     for off in range(0, total, MIB):
         assert h.write(off, chunk) == MIB
@@ -79,3 +94,84 @@ def test_the_kernel_takes_the_hint(tmp_path: Path) -> None:
         start(fd, 0, MIB)
     finally:
         os.close(fd)
+
+
+def test_a_very_large_upload_is_made_durable_as_it_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every SYNC_STEP, the stretch kicked is also synced (after its writeback started): the
+    fsync at publish has at most SYNC_STEP left to make durable."""
+    monkeypatch.setattr(content, "SYNC_STEP", 2 * STEP)
+    rec, syncs = Recorder(), Syncs()
+    done: list[object] = []  # each hint's end, and "sync", in the order the thread made them
+
+    def hint(fd: int, off: int, length: int) -> None:
+        rec(fd, off, length)
+        done.append((off + length) // STEP)
+
+    def sync(fd: int) -> None:
+        syncs(fd)
+        done.append("sync")
+
+    wb = Writeback(hint, sync)
+    _write(tmp_path / "big", 5 * STEP + MIB, wb, monkeypatch, key="k")
+    assert done == [1, 2, "sync", 3, 4, "sync", 5]  # the last 1 STEP + 1 MiB left to publish
+    assert not wb.sync_failed("k")
+
+
+def test_an_upload_without_a_key_is_never_synced_early(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(content, "SYNC_STEP", STEP)
+    syncs = Syncs()
+    _write(tmp_path / "big", 3 * STEP, Writeback(Recorder(), syncs), monkeypatch)
+    assert syncs.sizes == []
+
+
+def test_a_failed_early_sync_is_kept_until_the_upload_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The kernel reports a writeback error to one fsync only; the seal opens the file after
+    the early sync saw it, so the failure is kept for it, and for every later publish."""
+    monkeypatch.setattr(content, "SYNC_STEP", STEP)
+    before = len(os.listdir("/proc/self/fd"))
+    wb = Writeback(Recorder(), Syncs(fail=True))
+    _write(tmp_path / "big", 2 * STEP, wb, monkeypatch, key="k")
+    assert wb.sync_failed("k") and wb.sync_failed("k")  # asked again: still failed
+    assert not wb.sync_failed("other")
+    assert "an early sync of k failed" in caplog.text
+    assert len(os.listdir("/proc/self/fd")) == before
+    wb.forget("k")
+    assert not wb.sync_failed("k")
+
+
+def test_the_answer_waits_for_the_syncs_still_under_way(tmp_path: Path) -> None:
+    release, asked, answers = threading.Event(), threading.Event(), []
+
+    def slow_failing_sync(fd: int) -> None:
+        release.wait(10)
+        raise OSError(5, "Input/output error")
+
+    wb = Writeback(Recorder(), slow_failing_sync)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        wb.kick(fd, 0, MIB, "k")
+    finally:
+        os.close(fd)
+
+    def ask() -> None:
+        asked.set()
+        answers.append(wb.sync_failed("k"))
+
+    t = threading.Thread(target=ask)
+    t.start()
+    asked.wait(10)
+    t.join(0.2)
+    assert t.is_alive() and answers == []  # the sync is still under way
+    release.set()
+    t.join(10)
+    assert answers == [True]
+
+
+def test_a_failed_sync_of_the_seal_is_kept_too() -> None:
+    wb = Writeback(Recorder(), Syncs())
+    wb.failed("k")
+    assert wb.sync_failed("k")

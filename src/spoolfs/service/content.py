@@ -16,7 +16,7 @@ from typing import cast
 from spoolfs.blobs import StagingDir, freeing, hash_file
 from spoolfs.blobs.base import BlobStore
 from spoolfs.blobs.running import RunningHash, keeps_marks, mark_reopened
-from spoolfs.blobs.writeback import STEP, WRITEBACK
+from spoolfs.blobs.writeback import STEP, SYNC_STEP, WRITEBACK
 from spoolfs.core.errors import (
     NoSpace,
     NotPermitted,
@@ -39,15 +39,25 @@ RUNNING_MAX = 1024
 OVERLAP_MIN = 1 << 20
 
 
+def _sync(fd: int, key: str) -> None:
+    """fsync a staging file; a failure is kept under its ``key`` (its path): the kernel
+    reports it once, and this upload's content may have lost a part (blobs/writeback.py)."""
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        WRITEBACK.failed(key)
+        raise StoreFailure(f"sync of staging file {os.path.basename(key)} failed: {e}") from e
+
+
 @contextmanager
-def _syncing(fd: int) -> Iterator[None]:
-    """fsync ``fd`` in another thread while the body runs; its error, if any, raised after."""
-    failed: list[OSError] = []
+def _syncing(fd: int, key: str) -> Iterator[None]:
+    """``_sync`` in another thread while the body runs; its error, if any, raised after."""
+    failed: list[StoreFailure] = []
 
     def sync() -> None:
         try:
-            os.fsync(fd)
-        except OSError as e:
+            _sync(fd, key)
+        except StoreFailure as e:
             failed.append(e)
 
     thread = threading.Thread(target=sync, name="spoolfs-seal-sync", daemon=True)
@@ -114,7 +124,8 @@ class Handle:
 
     __slots__ = ("entry_id", "fd", "data", "writable", "sealed", "opener", "done",
                  "lease_checked", "lease_id", "lease_seen", "queue", "nfs", "kicked",
-                 "checks_setid", "opener_uid", "setid_clear_at", "running", "shares", "private")
+                 "checks_setid", "opener_uid", "setid_clear_at", "running", "shares", "private",
+                 "sync_key")
 
     def __init__(self, entry_id: int, fd: int | None, data: bytes | None, writable: bool,
                  sealed: bool = True) -> None:
@@ -144,6 +155,8 @@ class Handle:
         self.shares = False
         #: an upload made hidden in ready/ here: no other daemon can reach it to write it
         self.private = False
+        #: an upload's staging path: the key its early syncs are kept under (writeback.py)
+        self.sync_key: str | None = None
 
     def read(self, off: int, size: int) -> bytes:
         if self.data is not None:
@@ -198,7 +211,9 @@ class Handle:
             self.running.wrote(off, n)
         end = off + n
         if end - self.kicked >= STEP and self.fd is not None:  # a large upload: on disk by
-            WRITEBACK.kick(self.fd, self.kicked, end - self.kicked)  # the time it is published
+            # the time it is published, and durable but for the last SYNC_STEP
+            sync = self.sync_key if end // SYNC_STEP > self.kicked // SYNC_STEP else None
+            WRITEBACK.kick(self.fd, self.kicked, end - self.kicked, sync)
             self.kicked = end
         return n
 
@@ -253,6 +268,7 @@ class Content:
             fd = self._staging_file(entry.id)
             h = Handle(entry.id, fd, None, writable, sealed=False)
             if writable:
+                h.sync_key = self.staging.path(entry.id)
                 # Marks the upload as in progress for recovery run by another daemon.
                 fcntl.flock(fd, fcntl.LOCK_SH)
                 h.running = self._running.get(entry.id)
@@ -322,13 +338,14 @@ class Content:
         except OSError as e:
             raise staging_error(e, f"staging file of {entry_id}") from e
         h = Handle(entry_id, fd, None, True, sealed=False)
+        h.sync_key = path = self.staging.path(entry_id)
         if self.hashes_ahead:
             if len(self._running) >= RUNNING_MAX:
                 try:
                     self._running.popitem(last=False)[1].drop()
                 except KeyError:  # emptied meanwhile
                     pass
-            h.running = self._running[entry_id] = RunningHash(self.staging.path(entry_id))
+            h.running = self._running[entry_id] = RunningHash(path)
         return h
 
     def forget(self, entry_id: int, wait: bool = False) -> threading.Thread | None:
@@ -380,12 +397,15 @@ class Content:
                     return Sealed(hashlib.sha256(small).digest(), len(small), st.st_mtime_ns,
                                   small, path)
             overlap = st.st_size >= max(OVERLAP_MIN, self.inline_max + 1)
-            with _syncing(fd) if overlap else nullcontext():
+            with _syncing(fd, path) if overlap else nullcontext():
                 ahead = running.digest(fd, st) if running is not None else None
                 sha, size = ahead if ahead is not None else hash_file(fd)
             data = os.pread(fd, size, 0) if size <= self.inline_max else None
             if data is None and not overlap:
-                os.fsync(fd)
+                _sync(fd, path)
+            if data is None and WRITEBACK.sync_failed(path):  # an error the kernel told once
+                raise StoreFailure(f"staging file of {entry_id}: a sync of it failed: its "
+                                   "content may not be on disk; write it again")
         finally:
             os.close(fd)
             if running is not None:
@@ -457,6 +477,7 @@ class Content:
                 reader = None
                 if kind == "staging":
                     reader = self.forget(cast(int, what))
+                    WRITEBACK.forget(self.staging.path(cast(int, what)))
                     if open_here:
                         self.staging.remove(cast(int, what))
                         continue
