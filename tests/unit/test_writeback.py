@@ -175,3 +175,23 @@ def test_a_failed_sync_of_the_seal_is_kept_too() -> None:
     wb = Writeback(Recorder(), Syncs())
     wb.failed("k")
     assert wb.sync_failed("k")
+
+
+def test_a_sync_that_fails_unexpectedly_ends_nothing(tmp_path: Path) -> None:
+    """Whatever a sync raises, the thread goes on (the next kicks, and the seals waiting for
+    them, would wait for ever), and the upload counts as not synced."""
+    calls: list[int] = []
+
+    def odd(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise ValueError("unexpected")
+
+    wb = Writeback(Recorder(), odd)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        wb.kick(fd, 0, MIB, "a")
+        wb.kick(fd, MIB, MIB, "b")
+    finally:
+        os.close(fd)
+    assert wb.sync_failed("a") and not wb.sync_failed("b") and len(calls) == 2

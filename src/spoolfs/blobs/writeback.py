@@ -122,19 +122,21 @@ class Writeback:
         assert self._start is not None
         while True:
             fd, off, length, key = self._queue.get()
-            failed = False
+            failed = key is not None  # until its sync returned
             try:
                 try:
                     self._start(fd, off, length)
                 except OSError as e:  # a hint that could not be given: the fsync does it all
                     log.debug("writeback hint failed: %s", e)
                 if key is not None:
-                    try:
-                        self._sync(fd)
-                    except OSError as e:
-                        failed = True
-                        log.warning("an early sync of %s failed (%s): its publish will "
-                                    "fail", key, e)
+                    self._sync(fd)
+                    failed = False
+            except Exception as e:  # never the end of the thread: the next kicks wait for it
+                if failed:
+                    log.warning("an early sync of %s failed (%s): its publish will fail",
+                                key, e)
+                else:
+                    log.warning("writeback hint failed: %s", e)
             finally:
                 os.close(fd)
                 if key is not None:
