@@ -673,10 +673,23 @@ async def test_a_write_slow_without_waiting_stays_on_the_loop(
     """A write can take long without waiting on the disk: its thread lost the CPU to another
     (or, on a virtual machine, the host took the machine's CPU away for a while). A worker
     thread would not make that faster, only each write dearer: the writes stay on the loop.
-    Only a write that slept (the kernel's dirty-page throttling) sends them to threads."""
+    Only a write that slept (the kernel's dirty-page throttling) sends them to threads: the
+    thread's voluntary context switches tell (``getrusage``; fixed here, as another thread
+    of this process could make the busy one wait for the interpreter lock, which is a
+    sleep too)."""
+    import resource
     import threading
     import time
 
+    from spoolfs.service import writepace
+
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    time.sleep(0.001)  # what the write pace counts: a sleep is a voluntary switch
+    assert resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw > before
+
+    class NeverSlept:
+        ru_nvcsw = 7
+    monkeypatch.setattr(writepace, "getrusage", lambda who: NeverSlept)
     fi, _ = await fs.ops.create(fs[State.PARTIAL], b"f", 0o644, os.O_WRONLY, Ctx())
     where: list[bool] = []
     real_pwrite = os.pwrite
