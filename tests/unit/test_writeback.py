@@ -139,8 +139,9 @@ def test_a_failed_early_sync_is_kept_until_the_upload_goes(
     assert not wb.sync_failed("other")
     assert "an early sync of k failed" in caplog.text
     assert len(os.listdir("/proc/self/fd")) == before
+    assert wb.any_failed()
     wb.forget("k")
-    assert not wb.sync_failed("k")
+    assert not wb.sync_failed("k") and not wb.any_failed()
 
 
 def test_the_answer_waits_for_the_syncs_still_under_way(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def close_later(fd: int) -> None:
 @dataclass(slots=True)
 class Held:
     """What holds the space of files a request removed: descriptors from ``detach``, and
-    threads that still read some of those files (a running hash, to the end of its chunk)
+    threads that still read some of those files (a running hash, to the end of its step)
     and close them when they end. ``free`` (blocking) waits for both."""
 
     fds: list[int] = field(default_factory=list)

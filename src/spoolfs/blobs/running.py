@@ -116,7 +116,7 @@ class RunningHash:
                 self._thread = thread
 
     def _halt(self) -> threading.Thread | None:
-        """Have the thread stop after its chunk: the thread to join, if any."""
+        """Have the thread stop after its step: the thread to join, if any."""
         if self._cond is None:
             return None
         with self._cond:
@@ -126,7 +126,7 @@ class RunningHash:
 
     def drop(self, wait: bool = False) -> threading.Thread | None:
         """Give up: the file changed other than by writes at its end. Returns the thread,
-        if any, that may still read the file to the end of its chunk (a few ms), holding it
+        if any, that may still read the file to the end of its step (a few ms), holding it
         open; ``wait``: join it here."""
         self.broken = True
         thread = self._halt()

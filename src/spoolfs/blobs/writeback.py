@@ -113,6 +113,10 @@ class Writeback:
         with self._syncs:
             self._failed.add(key)
 
+    def any_failed(self) -> bool:
+        """Whether any sync failure is kept (read without the lock: a hint)."""
+        return bool(self._failed)
+
     def forget(self, key: Hashable) -> None:
         """The upload under ``key`` is gone: no sync of it is asked about any more."""
         with self._syncs:

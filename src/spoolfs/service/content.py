@@ -350,7 +350,7 @@ class Content:
 
     def forget(self, entry_id: int, wait: bool = False) -> threading.Thread | None:
         """Drop the running hash of an upload (removed, resized, rolled back). Returns its
-        thread, if any, that may still read the file to the end of its chunk; ``wait``: join
+        thread, if any, that may still read the file to the end of its step; ``wait``: join
         it here."""
         running = self._running.pop(entry_id, None)
         return running.drop(wait) if running is not None else None
@@ -361,7 +361,7 @@ class Content:
         0.4 s for 256 MiB with ``discard``) is returned, to be made in a worker thread; else
         it is made here. The file is opened here either way: the cut holds it open, however
         the upload fares meanwhile (removed, it is freed when the cut lets go)."""
-        self.forget(entry_id)  # (its thread stops after its chunk: no need to wait)
+        self.forget(entry_id)  # (its thread stops after its step: no need to wait)
         cut = Cut(entry_id, self._staging_file(entry_id), size)
         try:
             if self.hashes_ahead:  # a running hash of another daemon may not miss it either
@@ -477,7 +477,8 @@ class Content:
                 reader = None
                 if kind == "staging":
                     reader = self.forget(cast(int, what))
-                    WRITEBACK.forget(self.staging.path(cast(int, what)))
+                    if WRITEBACK.any_failed():  # (rare: no path made for every removal)
+                        WRITEBACK.forget(self.staging.path(cast(int, what)))
                     if open_here:
                         self.staging.remove(cast(int, what))
                         continue
