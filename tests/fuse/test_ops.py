@@ -617,6 +617,88 @@ async def test_an_upload_whose_early_sync_failed_is_never_published(
     await fs.ops.unlink(fs[State.PARTIAL], b"big", Ctx())
 
 
+def _failing_once(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """``os.<name>`` fails once with EIO, as the kernel reports a lost writeback; what is left
+    of the failure (empty once it happened)."""
+    real, failures = getattr(os, name), [1]
+
+    def sync(fd: int) -> None:
+        if failures:
+            failures.pop()
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, name, sync)
+    return failures
+
+
+def _staging_mode(fs: Fs, ino: int) -> int:
+    return os.stat(fs.spool.content.staging.path(fs.ops._sid(ino))).st_mode
+
+
+async def test_a_writers_own_failed_fsync_fails_every_publish_of_its_upload(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's fsync is told of the lost writeback (EIO), and no later sync of the file
+    will be: the upload, however small, is never published, and the staging file is marked
+    so; removed and written again, it publishes."""
+    from spoolfs.blobs import writeback
+
+    fi, attr = await fs.ops.create(fs[State.PARTIAL], b"f", 0o644, os.O_WRONLY, Ctx())
+    await fs.ops.write(fi.fh, 0, b"a line\n")
+    failures = _failing_once(monkeypatch, "fdatasync")
+    assert await _errno_of(fs.ops.fsync(fi.fh, True)) == errno.EIO
+    assert failures == []
+    await fs.ops.flush(fi.fh)
+    await fs.ops.release(fi.fh)
+    assert writeback.failed_before(_staging_mode(fs, attr.st_ino))
+    for _ in range(2):
+        assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"f", fs[State.READY], b"f", 0,
+                                             Ctx())) == errno.EIO
+    assert (await fs.ops.lookup(fs[State.PARTIAL], b"f", Ctx())).st_size == 7
+    await fs.ops.unlink(fs[State.PARTIAL], b"f", Ctx())
+    await fs.upload(fs[State.PARTIAL], b"f", b"a line\n")
+    await fs.ops.rename(fs[State.PARTIAL], b"f", fs[State.READY], b"f", 0, Ctx())
+
+
+async def test_a_failed_sync_is_remembered_by_a_daemon_started_again(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon started again has no memory of a failed sync, and the kernel reports it no
+    more: the mark on the staging file still refuses the publish."""
+    from spoolfs.blobs import writeback
+    from spoolfs.service import content
+
+    await _upload(fs, b"big", 2 << 20)
+    failures = _failing_once(monkeypatch, "fsync")
+    assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"big", fs[State.READY], b"big", 0,
+                                         Ctx())) == errno.EIO
+    assert failures == []
+    monkeypatch.setattr(content, "WRITEBACK", writeback.Writeback())  # the memory, gone
+    assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"big", fs[State.READY], b"big", 0,
+                                         Ctx())) == errno.EIO
+    assert (await fs.ops.lookup(fs[State.READY], b"big", Ctx())).st_ino == 0
+
+
+async def test_a_direct_upload_whose_sync_failed_goes_to_partial_at_close(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``cp`` into ``ready/`` whose content the disk may not hold: its close fails (EIO)
+    and the upload is shown in ``partial/`` with its bytes and the reason in its history,
+    never stranded unseen in ``ready/``."""
+    fi, _ = await fs.ops.create(fs[State.READY], b"m", 0o644, os.O_WRONLY, Ctx())
+    for off in range(0, 2 << 20, 1 << 20):
+        await fs.ops.write(fi.fh, off, b"z" * (1 << 20))
+    failures = _failing_once(monkeypatch, "fsync")
+    assert await _errno_of(fs.ops.flush(fi.fh)) == errno.EIO
+    assert failures == []
+    await fs.ops.release(fi.fh)
+    assert await fs.names(fs[State.READY]) == []
+    attr = await fs.ops.lookup(fs[State.PARTIAL], b"m", Ctx())
+    assert attr.st_size == 2 << 20
+    history = await fs.ops.getxattr(attr.st_ino, b"user.spool.history", Ctx())
+    assert b"a sync of it failed" in history or b"failed: [Errno 5]" in history, history
+    assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"m", fs[State.READY], b"m", 0,
+                                         Ctx())) == errno.EIO
+
+
 async def test_writes_the_disk_holds_back_leave_the_other_requests_answered(
         fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
     """When dirty pages outrun the disk the kernel pauses each writer (dirty-page throttling).

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from spoolfs.blobs import writeback
+from spoolfs.blobs.running import REOPENED
 from spoolfs.blobs.writeback import STEP, Writeback
 from spoolfs.service import content
 from spoolfs.service.content import Handle
@@ -142,6 +143,20 @@ def test_a_failed_early_sync_is_kept_until_the_upload_goes(
     assert wb.any_failed()
     wb.forget("k")
     assert not wb.sync_failed("k") and not wb.any_failed()
+    # the file keeps the failure for a daemon started again, and writes leave the mark
+    assert writeback.failed_before(os.stat(tmp_path / "big").st_mode)
+    with open(tmp_path / "big", "r+b") as f:
+        f.write(b"more")
+    assert writeback.failed_before(os.stat(tmp_path / "big").st_mode)
+    assert not writeback.failed_before(0o600 | REOPENED)  # the running hash's mark is another
+
+
+def test_a_mark_that_cannot_be_set_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    r, w = os.pipe()
+    os.close(r)
+    os.close(w)
+    writeback.mark_failed(w)  # closed: EBADF
+    assert "could not be marked" in caplog.text
 
 
 def test_the_answer_waits_for_the_syncs_still_under_way(tmp_path: Path) -> None:

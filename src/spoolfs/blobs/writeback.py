@@ -21,14 +21,20 @@ is therefore kept under the key its kick gave, as is a failed sync of the seal i
 (``sync_failed``), and the seal asks for it once the syncs of that upload still queued or
 under way are done: that publish, and every later one of the same upload, fails; nothing is
 published that the disk did not take. The key goes when the upload does (``forget``).
+
+That memory ends with the daemon, and a daemon started again is told nothing by the kernel:
+so the file itself is marked too (``SYNC_FAILED``, by whichever sync failed: an early one, the
+seal's, or the writer's own ``fsync``), and the seal of a marked file fails as well.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import queue
+import stat
 import threading
 from collections.abc import Callable, Hashable
 
@@ -41,6 +47,27 @@ SYNC_STEP = 64 << 20
 SYNC_FILE_RANGE_WRITE = 2
 #: kicks waiting for the thread; more are dropped (each is only a hint)
 BACKLOG = 64
+#: The mark of a staging file a sync of which failed: set-group-ID without group execute,
+#: which means nothing for a file nobody runs and which no write clears (the kernel clears
+#: set-user-ID at an unprivileged writer's every write, set-group-ID only with group execute).
+SYNC_FAILED = stat.S_ISGID
+
+
+def mark_failed(fd: int) -> None:
+    """Mark the file open on ``fd``: a sync of it failed (``SYNC_FAILED``). A mark that cannot
+    be set is logged; this daemon's memory still refuses the upload until it ends."""
+    try:
+        os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) | SYNC_FAILED)
+        if not failed_before(os.fstat(fd).st_mode):  # (a file not of its owner's group)
+            raise OSError(errno.EPERM, "the file system dropped the set-group-ID bit")
+    except OSError as e:
+        log.error("a file whose sync failed could not be marked so (%s): a daemon started "
+                  "again would not know of the failure", e)
+
+
+def failed_before(mode: int) -> bool:
+    """Whether a file of this ``st_mode`` was marked by ``mark_failed``."""
+    return bool(mode & SYNC_FAILED)
 
 
 def _libc_sync_file_range() -> Callable[[int, int, int], None] | None:
@@ -139,6 +166,7 @@ class Writeback:
                 if failed:
                     log.warning("an early sync of %s failed (%s): its publish will fail",
                                 key, e)
+                    mark_failed(fd)
                 else:
                     log.warning("writeback hint failed: %s", e)
             finally:

@@ -92,6 +92,11 @@ class StoreFailure(SpoolError):
     errno = _errno.EIO
 
 
+class SyncFailed(StoreFailure):
+    """A sync of an upload's content failed: the disk may not hold all of it (EIO). Such an
+    upload is never published; removed and written again, the new one is."""
+
+
 class StoreFull(StoreFailure):
     """The store's disk is full even for metadata (its reserve spent): ENOSPC, rolled back."""
 

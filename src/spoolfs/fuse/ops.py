@@ -586,7 +586,7 @@ class Operations(pyfuse3.Operations):
         if h.fd is not None and h.writable:
             # as long as the disk takes for the file's dirty pages: off the loop (the kernel
             # sends no RELEASE while the caller's fsync holds the file)
-            await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, h.fd)
+            await trio.to_thread.run_sync(h.sync, datasync)
         if h.nfs:  # a client's COMMIT: what it created in ready/ appears
             await self.spool.committed(h, Who(nfs=True))
 

@@ -16,13 +16,14 @@ from typing import cast
 from spoolfs.blobs import StagingDir, freeing, hash_file
 from spoolfs.blobs.base import BlobStore
 from spoolfs.blobs.running import RunningHash, keeps_marks, mark_reopened
-from spoolfs.blobs.writeback import STEP, SYNC_STEP, WRITEBACK
+from spoolfs.blobs.writeback import STEP, SYNC_STEP, WRITEBACK, failed_before, mark_failed
 from spoolfs.core.errors import (
     NoSpace,
     NotPermitted,
     Remote,
     SpoolError,
     StoreFailure,
+    SyncFailed,
     TooLarge,
 )
 from spoolfs.store.base import Blob, Entry, ReadTx, WriteTx
@@ -39,14 +40,24 @@ RUNNING_MAX = 1024
 OVERLAP_MIN = 1 << 20
 
 
-def _sync(fd: int, key: str) -> None:
-    """fsync a staging file; a failure is kept under its ``key`` (its path): the kernel
-    reports it once, and this upload's content may have lost a part (blobs/writeback.py)."""
+def _failed_before(entry_id: int) -> SyncFailed:
+    return SyncFailed(f"staging file of {entry_id}: a sync of it failed: its content may not "
+                      "be on disk; remove it and write it again")
+
+
+def _sync(fd: int, key: str, datasync: bool = False) -> None:
+    """fsync a staging file; a failure is kept under its ``key`` (its path) and marked on the
+    file: the kernel reports it once, and this upload's content may have lost a part
+    (blobs/writeback.py)."""
     try:
-        os.fsync(fd)
+        if datasync:
+            os.fdatasync(fd)
+        else:
+            os.fsync(fd)
     except OSError as e:
+        mark_failed(fd)
         WRITEBACK.failed(key)
-        raise StoreFailure(f"sync of staging file {os.path.basename(key)} failed: {e}") from e
+        raise SyncFailed(f"sync of staging file {os.path.basename(key)} failed: {e}") from e
 
 
 @contextmanager
@@ -216,6 +227,17 @@ class Handle:
             WRITEBACK.kick(self.fd, self.kicked, end - self.kicked, sync)
             self.kicked = end
         return n
+
+    def sync(self, datasync: bool) -> None:
+        """The writer's own fsync (blocking): a failure fails every publish of the upload, as
+        one of its other syncs does (``_sync``)."""
+        assert self.fd is not None
+        if self.sync_key is not None:
+            _sync(self.fd, self.sync_key, datasync)
+        elif datasync:
+            os.fdatasync(self.fd)
+        else:
+            os.fsync(self.fd)
 
     def staged_size_and_mtime(self) -> tuple[int, int] | None:
         """Size and modification time of an upload's staging file as this handle sees it
@@ -391,6 +413,9 @@ class Content:
             raise
         try:
             st = os.fstat(fd)
+            if failed_before(st.st_mode) or WRITEBACK.any_failed() and \
+                    WRITEBACK.sync_failed(path):  # an error the kernel told once
+                raise _failed_before(entry_id)
             if st.st_size <= self.inline_max:  # inline: read once, hash what was read
                 small = os.pread(fd, self.inline_max + 1, 0)
                 if len(small) <= self.inline_max:
@@ -403,9 +428,8 @@ class Content:
             data = os.pread(fd, size, 0) if size <= self.inline_max else None
             if data is None and not overlap:
                 _sync(fd, path)
-            if data is None and WRITEBACK.sync_failed(path):  # an error the kernel told once
-                raise StoreFailure(f"staging file of {entry_id}: a sync of it failed: its "
-                                   "content may not be on disk; write it again")
+            if WRITEBACK.sync_failed(path):  # an early sync's, told once
+                raise _failed_before(entry_id)
         finally:
             os.close(fd)
             if running is not None:

@@ -20,6 +20,7 @@ from spoolfs.core.errors import (
     NotPermitted,
     SpoolError,
     StoreFailure,
+    SyncFailed,
 )
 from spoolfs.core.names import is_staging_name
 from spoolfs.core.rules import Action, State
@@ -118,6 +119,9 @@ class Publishing(SpoolCore):
                 await self._refused_upload(e, who, f"its writer {unfinished}")
                 return True
             return await self._publish_hidden(e, who, private)
+        except SyncFailed as failed:  # the disk may not hold it: shown, never published
+            await self._refused_upload(e, who, str(failed))
+            raise
         except (NotFound, StoreFailure):
             raise  # gone meanwhile, or the store failed: recovery at mount reconciles it
         except SpoolError as refused:  # a rejected duplicate, a missing subscriber, ...
