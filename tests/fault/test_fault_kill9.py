@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from helpers.mounts import Mount, MountFactory
-from helpers.procs import consumed_names, ok, spoolfs_cli
+from helpers.procs import consumed_names, fails, ok, spoolfs_cli
 from helpers.queues import Queue
 from helpers.waiting import patience, wait_until
+from spoolfs.blobs import writeback
 
 pytestmark = pytest.mark.fuse
 
@@ -258,3 +259,34 @@ def test_kill9_of_the_writers_mount_never_shows_the_file_it_held_torn(
     b.umount()
     fsck = spoolfs_cli("fsck", str(store), timeout=120)
     assert fsck.returncode == 0, fsck.stdout.decode(errors="replace")
+
+
+def test_an_upload_whose_sync_failed_is_not_published_by_the_next_daemon(
+        mounter: MountFactory, store: Path, tmp_path: Path) -> None:
+    """The kernel reports a lost writeback to one fsync only, so a daemon killed after a sync
+    of an upload failed leaves the next one nothing to be told: the staging file keeps the
+    failure in its mode (blobs/writeback.py). This machine cannot make its disk fail, so the
+    mark a failed sync sets is set here by hand; the rest is real: a new daemon, `mv`, `rm`
+    and `cp`."""
+    m: Mount = mounter(store, tmp_path / "mnt")
+    q = Queue.create(m.path, "q", tmp_path / "scratch")
+    src = tmp_path / "big"
+    src.write_bytes(os.urandom(3 << 20))
+    ok("cp", src, q.partial)
+    (staged,) = [p for p in (store / "staging").rglob("*")
+                 if p.is_file() and p.stat().st_size == 3 << 20]
+    m.kill9()
+    staged.chmod(staged.stat().st_mode | writeback.SYNC_FAILED)
+    m.start()
+    since = m.log_size()
+    fails("mv", q.partial / "big", q.ready, message="Input/output error")
+    assert os.listdir(q.ready) == []
+    assert (q.partial / "big").stat().st_size == 3 << 20  # shown where it was, with its bytes
+    assert "a sync of it failed" in m.log_text(since)
+    fsck = spoolfs_cli("fsck", str(store), timeout=120)  # nothing damaged; the writer is told
+    out = fsck.stdout.decode(errors="replace")
+    assert fsck.returncode == 0 and "a sync of its content failed" in out, out
+    ok("rm", q.partial / "big")
+    ok("cp", src, q.partial)
+    ok("mv", q.partial / "big", q.ready)
+    assert (q.ready / "big").read_bytes() == src.read_bytes()

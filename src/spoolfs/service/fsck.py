@@ -26,6 +26,9 @@ it is safe while daemons serve the store), each candidate checked again under th
 4. **orphan blob files** and 5. **orphan staging files**: removed once older than the grace
    period (a file is placed just before the transaction that names it commits).
 
+An upload a sync of which failed (its staging file marked: blobs/writeback.py) is a note, not
+a problem: the store is whole, and the upload is never published.
+
 Schema damage, a missing parent, a file with both a blob and an upload, and a directory with
 content are reported but not repaired (``fsck --repair`` then exits 1).
 """
@@ -40,6 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from spoolfs.blobs.files import file_info
+from spoolfs.blobs.writeback import failed_before
 from spoolfs.core.errors import StoreFailure
 from spoolfs.core.names import free_name
 from spoolfs.core.rules import Action, State, kind_of
@@ -282,6 +286,20 @@ class Fsck:
                     if not self._young(path):
                         self._bad(f"orphan staging file {path}")
                         self.orphan_staging.append(sid)
+                elif sid in staged:
+                    self._check_synced(sid)
+
+    def _check_synced(self, sid: int) -> None:
+        """An upload a sync of which failed is never published (blobs/writeback.py): no
+        damage to the store, but its writer has to know."""
+        path = self.staging.path(sid)
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return  # gone meanwhile, or another host's upload
+        if failed_before(mode):
+            self.notes.append(f"upload {sid} ({path}): a sync of its content failed; it will "
+                              "not be published: remove it and write it again")
 
     def _each(self, query: Callable[[FsckTx, int, int], list[T]]) -> Iterator[T]:
         """The rows of a paged ``query``, each page read in a short transaction of its own."""
