@@ -1,12 +1,13 @@
 """Removing a file now, its space freed where waiting holds nobody else up
 (blobs/freeing.py): the name goes at once; a large file's blocks stay held by the descriptor
-``detach`` returns until it is closed (the caller does so in a worker thread); a small one,
-or a file with another name, is freed at once as before."""
+``detach`` returns until it is closed (the caller does so in a worker thread); a small one is
+freed by a thread nobody waits for, and a file with another name keeps its blocks."""
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,73 @@ def test_a_large_file_is_gone_at_once_and_freed_at_the_close(tmp_path: Path) -> 
     assert freeing.detach(str(f)) is None  # no such file: nothing to do
 
 
-def test_small_files_and_other_names_are_freed_at_once(tmp_path: Path) -> None:
+def _closes_in(monkeypatch: pytest.MonkeyPatch) -> dict[int, str]:
+    """Which thread closes each descriptor from now on."""
+    real, seen = os.close, {}
+
+    def close(fd: int) -> None:
+        seen[fd] = threading.current_thread().name
+        real(fd)
+
+    monkeypatch.setattr(os, "close", close)
+    return seen
+
+
+def test_a_small_file_is_gone_at_once_and_freed_by_a_thread_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freeing one block takes 0.2-0.4 ms where the file system discards: not on the
+    caller's thread, and nobody waits for it."""
     small = tmp_path / "small"
     small.write_bytes(b"x" * 1000)
+    freeing.CLOSER.drain()
+    closes = _closes_in(monkeypatch)
     assert freeing.detach(str(small)) is None and not small.exists()
+    freeing.CLOSER.drain()
+    assert list(closes.values()) == ["spoolfs-closer"]
+    empty = tmp_path / "empty"  # nothing to free: no descriptor
+    empty.touch()
+    assert freeing.detach(str(empty)) is None and not empty.exists()
+    freeing.CLOSER.drain()
+    assert len(closes) == 1
+
+
+def test_the_last_close_of_a_removed_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """``close_small``: a file with a name, at once; a small removed one, by the closer; a
+    large removed one is given back to be closed where its request waits."""
+    fds = {}
+    for name, size in (("linked", 1000), ("small", 1000), ("large", 1 << 20)):
+        (tmp_path / name).write_bytes(b"x" * size)
+        fds[name] = os.open(tmp_path / name, os.O_RDONLY)
+        os.fsync(fds[name])
+    os.unlink(tmp_path / "small")
+    os.unlink(tmp_path / "large")
+    closes = _closes_in(monkeypatch)
+    assert freeing.close_small(fds["linked"]) is None
+    assert closes == {fds["linked"]: threading.current_thread().name}
+    assert freeing.close_small(fds["small"]) is None
+    freeing.CLOSER.drain()
+    assert closes[fds["small"]] == "spoolfs-closer"
+    assert freeing.close_small(fds["large"]) == fds["large"]
+    freeing.close_all([fds["large"]])
+
+
+def test_a_closer_without_a_thread_closes_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    closer = freeing.Closer()
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    r, w = os.pipe()
+    closer.close_soon(r)
+    closer.close_soon(w)
+    closer.drain()
+    for fd in (r, w):
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_other_names_keep_the_blocks(tmp_path: Path) -> None:
 
     staging, blob = tmp_path / "staging", tmp_path / "blob"
     staging.write_bytes(os.urandom(1 << 20))

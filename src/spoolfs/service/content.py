@@ -254,13 +254,11 @@ class Handle:
 
     def close_unless_holding(self) -> int | None:
         """``close``, unless the descriptor may free a large removed file (a message removed
-        while it was read): then it is returned, to be closed off the event loop."""
-        fd = self.fd
-        if fd is None or not freeing.holds_space(fd):
-            self.close()
-            return None
-        self.fd = None
-        return fd
+        while it was read): then it is returned, to be closed off the event loop. A small
+        removed one (an upload's staging file, removed at its publish) is freed by a thread
+        of its own (blobs/freeing.py)."""
+        fd, self.fd = self.fd, None
+        return None if fd is None else freeing.close_small(fd)
 
 
 class Content:
