@@ -40,7 +40,8 @@ RUNNING_MAX = 1024
 OVERLAP_MIN = 1 << 20
 
 
-def _failed_before(entry_id: int) -> SyncFailed:
+def _refused_unsynced(entry_id: int) -> SyncFailed:
+    """The refusal of a seal of an upload a sync of which failed (marked or remembered)."""
     return SyncFailed(f"staging file of {entry_id}: a sync of it failed: its content may not "
                       "be on disk; remove it and write it again")
 
@@ -413,7 +414,7 @@ class Content:
             st = os.fstat(fd)
             if failed_before(st.st_mode) or WRITEBACK.any_failed() and \
                     WRITEBACK.sync_failed(path):  # an error the kernel told once
-                raise _failed_before(entry_id)
+                raise _refused_unsynced(entry_id)
             if st.st_size <= self.inline_max:  # inline: read once, hash what was read
                 small = os.pread(fd, self.inline_max + 1, 0)
                 if len(small) <= self.inline_max:
@@ -427,7 +428,7 @@ class Content:
             if data is None and not overlap:
                 _sync(fd, path)
             if WRITEBACK.sync_failed(path):  # an early sync's, told once
-                raise _failed_before(entry_id)
+                raise _refused_unsynced(entry_id)
         finally:
             os.close(fd)
             if running is not None:
