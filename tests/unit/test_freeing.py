@@ -6,6 +6,7 @@ freed by a thread nobody waits for, and a file with another name keeps its block
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 from pathlib import Path
@@ -93,6 +94,43 @@ def test_a_closer_without_a_thread_closes_at_once(monkeypatch: pytest.MonkeyPatc
     for fd in (r, w):
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+def test_a_closer_behind_the_disk_holds_a_bounded_number(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A disk slower at freeing than files are removed: the closer holds at most ``limit``
+    descriptors (each one counts against the open-files limit, and the disk guard sees their
+    blocks freed only when closed); past that its caller closes at once, at the disk's pace,
+    and the log says so once."""
+    caplog.set_level(logging.INFO, logger="spoolfs.blobs.freeing")
+    stuck, inline = threading.Event(), []
+    real = os.close
+
+    def close(fd: int) -> None:
+        if threading.current_thread().name == "spoolfs-closer":
+            stuck.wait(10)
+        else:
+            inline.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "close", close)
+    closer = freeing.Closer(limit=3)
+    pipes = [os.pipe() for _ in range(3)]
+    fds = [fd for pair in pipes for fd in pair]
+    for fd in fds:
+        closer.close_soon(fd)
+    assert inline == fds[3:]  # (the first is being closed, the next two wait: three held)
+    stuck.set()
+    closer.drain()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    assert sum("behind" in r.getMessage() for r in caplog.records) == 1
+    later = os.pipe()
+    for fd in later:  # room again
+        closer.close_soon(fd)
+    closer.drain()
+    assert inline == fds[3:]
 
 
 def test_other_names_keep_the_blocks(tmp_path: Path) -> None:
