@@ -266,8 +266,8 @@ def test_an_upload_whose_sync_failed_is_not_published_by_the_next_daemon(
     """The kernel reports a lost writeback to one fsync only, so a daemon killed after a sync
     of an upload failed leaves the next one nothing to be told: the staging file keeps the
     failure in its mode (blobs/writeback.py). This machine cannot make its disk fail, so the
-    mark a failed sync sets is set here by hand; the rest is real: a new daemon, `mv`, `rm`
-    and `cp`."""
+    mark a failed sync sets is set here by hand; the rest is real: a new daemon, `mv`, and a
+    producer's retry, `cp` over the file (cut to nothing: written whole again), then `mv`."""
     m: Mount = mounter(store, tmp_path / "mnt")
     q = Queue.create(m.path, "q", tmp_path / "scratch")
     src = tmp_path / "big"
@@ -286,7 +286,8 @@ def test_an_upload_whose_sync_failed_is_not_published_by_the_next_daemon(
     fsck = spoolfs_cli("fsck", str(store), timeout=120)  # nothing damaged; the writer is told
     out = fsck.stdout.decode(errors="replace")
     assert fsck.returncode == 0 and "a sync of its content failed" in out, out
-    ok("rm", q.partial / "big")
+    ok("truncate", "-s", "1M", q.partial / "big")  # some of the bytes left: still refused
+    fails("mv", q.partial / "big", q.ready, message="Input/output error")
     ok("cp", src, q.partial)
     ok("mv", q.partial / "big", q.ready)
     assert (q.ready / "big").read_bytes() == src.read_bytes()

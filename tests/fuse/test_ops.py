@@ -7,8 +7,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 from collections.abc import Awaitable
 from time import monotonic
+from types import SimpleNamespace
 
 import pyfuse3
 import pytest
@@ -632,8 +634,12 @@ def _failing_once(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
     return failures
 
 
+def _staging_path(fs: Fs, ino: int) -> str:
+    return fs.spool.content.staging.path(fs.ops._sid(ino))
+
+
 def _staging_mode(fs: Fs, ino: int) -> int:
-    return os.stat(fs.spool.content.staging.path(fs.ops._sid(ino))).st_mode
+    return os.stat(_staging_path(fs, ino)).st_mode
 
 
 async def test_a_writers_own_failed_fsync_fails_every_publish_of_its_upload(
@@ -658,6 +664,56 @@ async def test_a_writers_own_failed_fsync_fails_every_publish_of_its_upload(
     await fs.ops.unlink(fs[State.PARTIAL], b"f", Ctx())
     await fs.upload(fs[State.PARTIAL], b"f", b"a line\n")
     await fs.ops.rename(fs[State.PARTIAL], b"f", fs[State.READY], b"f", 0, Ctx())
+
+
+async def test_an_upload_whose_sync_failed_publishes_once_written_whole_again(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer's retry, ``cp`` over the file then ``mv``: the open cuts it to nothing
+    (``O_TRUNC``), so the bytes the failed sync may have lost are gone, and the content
+    written since is synced by its own seal. A cut that leaves some of the bytes keeps the
+    refusal."""
+    from spoolfs.blobs import writeback
+
+    fi, attr = await fs.ops.create(fs[State.PARTIAL], b"f", 0o644, os.O_WRONLY, Ctx())
+    await fs.ops.write(fi.fh, 0, b"a line\n")
+    _failing_once(monkeypatch, "fdatasync")
+    assert await _errno_of(fs.ops.fsync(fi.fh, True)) == errno.EIO
+    await fs.ops.flush(fi.fh)
+    await fs.ops.release(fi.fh)
+    cut = SimpleNamespace(st_size=3)
+    fields = SimpleNamespace(update_size=True, update_mode=False, update_uid=False,
+                             update_gid=False, update_atime=False, update_mtime=False)
+    await fs.ops.setattr(attr.st_ino, cut, fields, None, Ctx())
+    assert writeback.failed_before(_staging_mode(fs, attr.st_ino))
+    assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"f", fs[State.READY], b"f", 0,
+                                         Ctx())) == errno.EIO
+    fi = await fs.ops.open(attr.st_ino, os.O_WRONLY | os.O_TRUNC, Ctx())
+    await fs.ops.write(fi.fh, 0, b"again\n")
+    await fs.ops.flush(fi.fh)
+    await fs.ops.release(fi.fh)
+    assert not writeback.failed_before(_staging_mode(fs, attr.st_ino))
+    await fs.ops.rename(fs[State.PARTIAL], b"f", fs[State.READY], b"f", 0, Ctx())
+    assert (await fs.ops.lookup(fs[State.READY], b"f", Ctx())).st_size == 6
+
+
+async def test_a_mark_made_while_the_seal_syncs_refuses_the_publish(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another daemon's early sync of the same upload may take the kernel's one report of a
+    lost write while this daemon's seal runs, and mark the file: the seal looks at the mark
+    again once its own sync is done."""
+    await _upload(fs, b"big", 2 << 20)
+    attr = await fs.ops.lookup(fs[State.PARTIAL], b"big", Ctx())
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)  # no error here: the other daemon's sync took it
+        path = _staging_path(fs, attr.st_ino)
+        os.chmod(path, os.stat(path).st_mode | stat.S_ISGID)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"big", fs[State.READY], b"big", 0,
+                                         Ctx())) == errno.EIO
+    assert (await fs.ops.lookup(fs[State.READY], b"big", Ctx())).st_ino == 0
 
 
 async def test_a_failed_sync_is_remembered_by_a_daemon_started_again(

@@ -211,3 +211,53 @@ def test_a_sync_that_fails_unexpectedly_ends_nothing(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert wb.sync_failed("a") and not wb.sync_failed("b") and len(calls) == 2
+
+
+def test_no_thread_to_be_had_leaves_the_sync_to_the_publish(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of threads: the kick is dropped (the publish's fsync does its work); nothing is
+    counted as under way that nobody would ever run, so a publish never waits for it, and no
+    descriptor is left behind. The next kick with threads to be had starts one."""
+    real_start = threading.Thread.start
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    syncs = Syncs()
+    wb = Writeback(Recorder(), syncs)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        monkeypatch.setattr(threading.Thread, "start", no_thread)
+        wb.kick(fd, 0, MIB, "k")
+        assert len(os.listdir("/proc/self/fd")) == before
+        answers: list[bool] = []
+        t = threading.Thread(target=lambda: answers.append(wb.sync_failed("k")))
+        real_start(t)
+        t.join(5)
+        assert answers == [False]
+        monkeypatch.setattr(threading.Thread, "start", real_start)
+        wb.kick(fd, 0, MIB, "k")
+        assert not wb.sync_failed("k") and syncs.sizes == [0]
+    finally:
+        os.close(fd)
+
+
+def test_a_file_cut_to_nothing_is_no_longer_marked(tmp_path: Path) -> None:
+    """The bytes a failed sync may have lost are gone with a cut to nothing: the file is
+    written whole again, and its own seal syncs it."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"x" * 100)
+        writeback.mark_failed(fd)
+        wb = Writeback(Recorder(), Syncs())
+        wb.failed("k")
+        os.ftruncate(fd, 10)
+        writeback.cut_to_nothing(fd, "k", wb)  # not nothing: still marked
+        assert writeback.failed_before(os.fstat(fd).st_mode) and wb.sync_failed("k")
+        os.ftruncate(fd, 0)
+        writeback.cut_to_nothing(fd, "k", wb)
+        assert not writeback.failed_before(os.fstat(fd).st_mode) and not wb.sync_failed("k")
+        assert os.fstat(fd).st_mode & 0o7777 == 0o600
+    finally:
+        os.close(fd)

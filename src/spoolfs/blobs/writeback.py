@@ -49,7 +49,9 @@ SYNC_FILE_RANGE_WRITE = 2
 BACKLOG = 64
 #: The mark of a staging file a sync of which failed: set-group-ID without group execute,
 #: which means nothing for a file nobody runs and which no write clears (the kernel clears
-#: set-user-ID at an unprivileged writer's every write, set-group-ID only with group execute).
+#: set-user-ID at an unprivileged writer's every write, set-group-ID only with group execute
+#: or, since Linux 6.2, for a writer outside the file's group: the daemon owns its files).
+#: A cut to nothing clears it (``cut_to_nothing``).
 SYNC_FAILED = stat.S_ISGID
 
 
@@ -68,6 +70,18 @@ def mark_failed(fd: int) -> None:
 def failed_before(mode: int) -> bool:
     """Whether a file of this ``st_mode`` was marked by ``mark_failed``."""
     return bool(mode & SYNC_FAILED)
+
+
+def cut_to_nothing(fd: int, key: Hashable, wb: Writeback) -> None:
+    """The file open on ``fd`` (kept under ``key``) may just have been cut: if it holds nothing
+    now, a sync that failed before concerns bytes it no longer has (a producer's retry writes
+    it whole again, and its seal syncs what it writes), so its mark and ``wb``'s memory of the
+    failure go."""
+    st = os.fstat(fd)
+    if st.st_size == 0:
+        wb.forget(key)
+        if failed_before(st.st_mode):
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~SYNC_FAILED)
 
 
 def _libc_sync_file_range() -> Callable[[int, int, int], None] | None:
@@ -106,8 +120,8 @@ class Writeback:
         """Have ``length`` bytes from ``off`` of the file open on ``fd`` written back soon
         (the descriptor stays the caller's: the thread works on a duplicate); with
         ``sync_key``, then fdatasync it, a failure kept under that key (``sync_failed``)."""
-        if self._start is None:
-            return
+        if self._start is None or self._thread is None and not self._started():
+            return  # (no thread to be had: the fsync at publish does it all)
         try:
             dup = os.dup(fd)
         except OSError:
@@ -120,12 +134,21 @@ class Writeback:
                 return
             if sync_key is not None:
                 self._pending[sync_key] = self._pending.get(sync_key, 0) + 1
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, daemon=True,
-                                                    name="spoolfs-writeback")
-                    self._thread.start()
+
+    def _started(self) -> bool:
+        """Start the thread; False when none is to be had (it is asked again at the next
+        kick): a kick queued with no thread to run it would leave its publish waiting."""
+        with self._lock:
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, daemon=True,
+                                          name="spoolfs-writeback")
+                try:
+                    thread.start()
+                except RuntimeError as e:
+                    log.warning("no thread for early writeback (%s): publishes sync it all", e)
+                    return False
+                self._thread = thread
+        return True
 
     def sync_failed(self, key: Hashable) -> bool:
         """Whether a sync of the file under ``key`` failed (an early one, once those still
@@ -163,10 +186,10 @@ class Writeback:
                     self._sync(fd)
                     failed = False
             except Exception as e:  # never the end of the thread: the next kicks wait for it
-                if failed:
+                if failed:  # marked first: another daemon's seal may look at any moment
+                    mark_failed(fd)
                     log.warning("an early sync of %s failed (%s): its publish will fail",
                                 key, e)
-                    mark_failed(fd)
                 else:
                     log.warning("writeback hint failed: %s", e)
             finally:

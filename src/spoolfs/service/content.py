@@ -16,7 +16,14 @@ from typing import cast
 from spoolfs.blobs import StagingDir, freeing, hash_file
 from spoolfs.blobs.base import BlobStore
 from spoolfs.blobs.running import RunningHash, keeps_marks, mark_reopened
-from spoolfs.blobs.writeback import STEP, SYNC_STEP, WRITEBACK, failed_before, mark_failed
+from spoolfs.blobs.writeback import (
+    STEP,
+    SYNC_STEP,
+    WRITEBACK,
+    cut_to_nothing,
+    failed_before,
+    mark_failed,
+)
 from spoolfs.core.errors import (
     NoSpace,
     NotPermitted,
@@ -43,7 +50,7 @@ OVERLAP_MIN = 1 << 20
 def _refused_unsynced(entry_id: int) -> SyncFailed:
     """The refusal of a seal of an upload a sync of which failed (marked or remembered)."""
     return SyncFailed(f"staging file of {entry_id}: a sync of it failed: its content may not "
-                      "be on disk; remove it and write it again")
+                      "be on disk; remove it, or write it whole again")
 
 
 def _sync(fd: int, key: str, datasync: bool = False) -> None:
@@ -99,16 +106,20 @@ class Cut:
     """A resize of an upload's staging file, open on ``fd`` (``Content.resize``): ``make``
     it (blocking), or ``abandon`` it if it was never begun; either closes ``fd``, once."""
 
-    __slots__ = ("entry_id", "fd", "size", "begun")
+    __slots__ = ("entry_id", "fd", "size", "key", "begun")
 
-    def __init__(self, entry_id: int, fd: int, size: int) -> None:
-        self.entry_id, self.fd, self.size = entry_id, fd, size
+    def __init__(self, entry_id: int, fd: int, size: int, key: str) -> None:
+        self.entry_id, self.fd, self.size, self.key = entry_id, fd, size, key
         self.begun = False
 
     def make(self) -> None:
+        """Cut the file; one cut to nothing is no longer refused for a sync that failed
+        before (its bytes are gone: ``writeback.cut_to_nothing``)."""
         self.begun = True
         try:
             os.ftruncate(self.fd, self.size)
+            if self.size == 0:
+                cut_to_nothing(self.fd, self.key, WRITEBACK)
         except OSError as err:
             raise staging_error(err, f"resize of staging file {self.entry_id}") from err
         finally:
@@ -383,7 +394,7 @@ class Content:
         it is made here. The file is opened here either way: the cut holds it open, however
         the upload fares meanwhile (removed, it is freed when the cut lets go)."""
         self.forget(entry_id)  # (its thread stops after its step: no need to wait)
-        cut = Cut(entry_id, self._staging_file(entry_id), size)
+        cut = Cut(entry_id, self._staging_file(entry_id), size, self.staging.path(entry_id))
         try:
             if self.hashes_ahead:  # a running hash of another daemon may not miss it either
                 mark_reopened(cut.fd)
@@ -427,7 +438,8 @@ class Content:
             data = os.pread(fd, size, 0) if size <= self.inline_max else None
             if data is None and not overlap:
                 _sync(fd, path)
-            if WRITEBACK.sync_failed(path):  # an early sync's, told once
+            # an early sync's, told once; or a mark another daemon's made while this ran
+            if WRITEBACK.sync_failed(path) or failed_before(os.fstat(fd).st_mode):
                 raise _refused_unsynced(entry_id)
         finally:
             os.close(fd)

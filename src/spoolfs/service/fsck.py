@@ -299,7 +299,7 @@ class Fsck:
             return  # gone meanwhile, or another host's upload
         if failed_before(mode):
             self.notes.append(f"upload {sid} ({path}): a sync of its content failed; it will "
-                              "not be published: remove it and write it again")
+                              "not be published until it is removed or written whole again")
 
     def _each(self, query: Callable[[FsckTx, int, int], list[T]]) -> Iterator[T]:
         """The rows of a paged ``query``, each page read in a short transaction of its own."""
