@@ -755,6 +755,26 @@ async def test_a_direct_upload_whose_sync_failed_goes_to_partial_at_close(
                                          Ctx())) == errno.EIO
 
 
+async def test_an_nfs_commit_whose_sync_failed_shows_the_upload_in_partial(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NFS client's COMMIT is what publishes its upload into ``ready/``: one whose sync
+    fails (EIO to the client) shows the upload in ``partial/`` at once, as a local ``cp``'s
+    close does, rather than leaving it unseen until the server lets its descriptor go."""
+    server = Ctx(pid=4242)
+    fs.ops._nfs_threads = {4242: True}
+    fi, _ = await fs.ops.create(fs[State.READY], b"n", 0o644, os.O_WRONLY, server)
+    await fs.ops.write(fi.fh, 0, b"from a client\n")
+    failures = _failing_once(monkeypatch, "fsync")
+    assert await _errno_of(fs.ops.fsync(fi.fh, False)) == errno.EIO
+    assert failures == []
+    assert await fs.names(fs[State.READY]) == []
+    assert (await fs.ops.lookup(fs[State.PARTIAL], b"n", Ctx())).st_size == 14
+    await fs.ops.flush(fi.fh)
+    await fs.ops.release(fi.fh)
+    assert await fs.names(fs[State.PARTIAL]) == [b"n"]
+    assert await fs.names(fs[State.READY]) == []
+
+
 async def test_writes_the_disk_holds_back_leave_the_other_requests_answered(
         fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
     """When dirty pages outrun the disk the kernel pauses each writer (dirty-page throttling).

@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 import pyfuse3
 import trio
 
-from spoolfs.core.errors import NotFound, NotPermitted, SpoolError
+from spoolfs.core.errors import NotFound, NotPermitted, SpoolError, SyncFailed
 from spoolfs.fuse import procinfo, virtual
 from spoolfs.service import status
 from spoolfs.service.content import Handle
@@ -586,7 +586,12 @@ class Operations(pyfuse3.Operations):
         if h.fd is not None and h.writable:
             # as long as the disk takes for the file's dirty pages: off the loop (the kernel
             # sends no RELEASE while the caller's fsync holds the file)
-            await trio.to_thread.run_sync(h.sync, datasync)
+            try:
+                await trio.to_thread.run_sync(h.sync, datasync)
+            except SyncFailed as failed:
+                if h.nfs:  # a client's COMMIT: its upload is shown in partial/ now
+                    await self.spool.commit_failed(h, Who(nfs=True), str(failed))
+                raise
         if h.nfs:  # a client's COMMIT: what it created in ready/ appears
             await self.spool.committed(h, Who(nfs=True))
 

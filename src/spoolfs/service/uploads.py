@@ -354,6 +354,15 @@ class Uploads(Publishing):
             self._nfs_published(e.id, False)  # still an upload (or one in partial/ now)
             raise
 
+    async def commit_failed(self, h: Handle, who: Who, why: str) -> None:
+        """The server's sync of an upload it created in ``ready/`` failed (a client's COMMIT,
+        told EIO): the upload goes to ``partial/`` with its bytes now, as a local ``cp``'s
+        does at its close, not left unseen until the server lets its descriptor go; unless a
+        local writer still holds it (its close decides, and the seal refuses it)."""
+        e = self.pending_upload(h) if h.nfs else None
+        if e is not None and self._writers.get(e.id, 0) == 0:
+            await self._refused_upload(e, who, why)
+
     async def _nfs_closing(self, h: Handle, who: Who) -> None:
         """The server closed a descriptor: a pending upload nobody else writes appears
         (a client that created a file and wrote nothing, then never synced)."""
