@@ -261,3 +261,31 @@ def test_a_file_cut_to_nothing_is_no_longer_marked(tmp_path: Path) -> None:
         assert os.fstat(fd).st_mode & 0o7777 == 0o600
     finally:
         os.close(fd)
+
+
+def test_the_kicks_of_an_upload_removed_meanwhile_write_nothing(tmp_path: Path) -> None:
+    """An upload removed while its kicks wait (a producer that gives up on a large file):
+    its pages are not written back nor synced (up to 64 MiB each, for nothing), and no
+    failure is kept for it."""
+    release = threading.Event()
+    hints, syncs = Recorder(), Syncs(fail=True)
+
+    def first_waits(fd: int, off: int, length: int) -> None:
+        if not hints.ranges:
+            release.wait(10)
+        hints(fd, off, length)
+
+    wb = Writeback(first_waits, syncs)
+    other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT, 0o600)
+    gone = os.open(tmp_path / "gone", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        wb.kick(other, 0, MIB)  # holds the thread
+        wb.kick(gone, 0, MIB, "gone")
+        os.unlink(tmp_path / "gone")
+        release.set()
+        assert not wb.sync_failed("gone")
+        wb.drain()
+    finally:
+        os.close(other)
+        os.close(gone)
+    assert hints.ranges == [(0, MIB)] and syncs.sizes == []

@@ -13,7 +13,8 @@ Written back is not yet durable: the fsync at publish still has the disk flush i
 and on a virtual disk the host write out what it holds of the file, which takes as long as
 writing it (0.3-0.45 s for 256 MiB on this kind of virtual machine, whether the pages were
 written back before or not). So every ``SYNC_STEP`` of an upload, the thread also fdatasyncs
-it: the fsync at publish then has at most that much left to make durable.
+it: the fsync at publish then has at most that much left to make durable. The kicks of an
+upload removed while they wait write nothing (its file has no name left).
 
 An fsync reports a writeback error once: a later fsync through a descriptor opened after
 it (the seal opens the staging file at publish) no longer sees it. An early sync that fails
@@ -178,6 +179,9 @@ class Writeback:
             fd, off, length, key = self._queue.get()
             failed = key is not None  # until its sync returned
             try:
+                if os.fstat(fd).st_nlink == 0:  # removed meanwhile: nothing to write for
+                    failed = False
+                    continue
                 try:
                     self._start(fd, off, length)
                 except OSError as e:  # a hint that could not be given: the fsync does it all
