@@ -402,6 +402,30 @@ async def test_a_flush_while_the_opener_holds_the_file_does_not_publish(
     assert await fs.names(ready) == [b"m"]
 
 
+async def test_names_a_publish_makes_elsewhere_are_dropped_from_the_kernels_cache(
+        fs: Fs) -> None:
+    """A publish can make names the kernel never asked for, where it may hold a negative
+    entry (a consumer's ``-e`` test a moment before): a topic's copies in its subscribers'
+    ``ready/``, the topic's message in ``success/``, a skipped duplicate in ``success/``, an
+    upload refused at its close in ``partial/``. Each is dropped from the kernel's cache once
+    the publish commits, as the lifecycle's moves are."""
+    topic, success = fs[State.READY], fs[State.SUCCESS]
+    sub = await fs.ops.mkdir(pyfuse3.ROOT_INODE, b"sub", 0o755, Ctx())
+    sub_ready = (await fs.ops.lookup(sub.st_ino, b"ready", Ctx())).st_ino
+    await fs.ops.setxattr(fs.queue, b"user.spool.policy.fanout", b"sub", Ctx())
+    for d, name in ((sub_ready, b"job"), (success, b"job")):
+        assert (await fs.ops.lookup(d, name, Ctx())).st_ino == 0  # cached as absent
+    await fs.upload(topic, b"job", b"x")
+    assert (sub_ready, b"job") in fs.kernel.invalidated_entries
+    assert (success, b"job") in fs.kernel.invalidated_entries
+    await fs.ops.setxattr(fs.queue, b"user.spool.policy.fanout", b"", Ctx())
+    await fs.ops.setxattr(fs.queue, b"user.spool.policy.duplicates", b"skip", Ctx())
+    await fs.upload(topic, b"again", b"y")
+    await fs.upload(topic, b"dup", b"y")
+    assert await fs.names(success) == [b"job", b"dup"]
+    assert (success, b"dup") in fs.kernel.invalidated_entries
+
+
 async def test_publishing_a_file_still_open_drops_its_cached_name(fs: Fs) -> None:
     partial, ready = fs[State.PARTIAL], fs[State.READY]
     fi, _ = await fs.ops.create(partial, b"u", 0o644, os.O_WRONLY | os.O_CREAT, Ctx())
@@ -745,6 +769,7 @@ async def test_a_direct_upload_whose_sync_failed_goes_to_partial_at_close(
     failures = _failing_once(monkeypatch, "fsync")
     assert await _errno_of(fs.ops.flush(fi.fh)) == errno.EIO
     assert failures == []
+    assert (fs[State.PARTIAL], b"m") in fs.kernel.invalidated_entries  # a name it never asked
     await fs.ops.release(fi.fh)
     assert await fs.names(fs[State.READY]) == []
     attr = await fs.ops.lookup(fs[State.PARTIAL], b"m", Ctx())

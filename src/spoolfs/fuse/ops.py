@@ -161,7 +161,8 @@ class Operations(pyfuse3.Operations):
                     pass  # forgotten meanwhile
 
     def _drop_name(self, parent: int, name: bytes) -> None:
-        """The lifecycle moved or purged ``parent/name``: the kernel must not keep the name."""
+        """The lifecycle moved or purged ``parent/name``, or a transaction made it unasked (a
+        publish's fan-out, ``moves.UNASKED``): the kernel must not keep the name."""
         pyfuse3.invalidate_entry_async(self._ino(parent), name, ignore_enoent=True)
 
     # ---- inode mapping and attributes ---------------------------------------------------
@@ -323,8 +324,9 @@ class Operations(pyfuse3.Operations):
     def _absent() -> pyfuse3.EntryAttributes:
         """A negative entry: no such name, for TIMEOUT seconds. A name this daemon makes
         appears through the kernel's own request, or is dropped from its cache (lifecycle
-        moves, other daemons' changes on a shared store); another daemon on the same
-        embedded store is seen within TIMEOUT, as for names that exist."""
+        moves, names a publish makes elsewhere, other daemons' changes on a shared store);
+        another daemon on the same embedded store is seen within TIMEOUT, as for names that
+        exist."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = 0
         a.entry_timeout = TIMEOUT
