@@ -402,6 +402,31 @@ async def test_a_flush_while_the_opener_holds_the_file_does_not_publish(
     assert await fs.names(ready) == [b"m"]
 
 
+async def test_the_first_open_of_published_content_drops_what_the_kernel_cached_before(
+        fs: Fs) -> None:
+    """A message keeps its inode when it is published, and the kernel may hold pages of it
+    read while it was an upload (another mount's writer may have written it since): the
+    first open of the published content here drops them (no ``keep_cache``); later opens
+    keep what is cached, as its bytes never change now."""
+    partial, ready = fs[State.PARTIAL], fs[State.READY]
+    ino = await fs.upload(partial, b"m", b"v1")
+    fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())  # a reader of the upload: pages cached
+    assert not fi.keep_cache
+    await fs.ops.release(fi.fh)
+    await fs.ops.rename(partial, b"m", ready, b"m", 0, Ctx())
+    opens = []
+    for _ in range(2):
+        fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())
+        opens.append(fi.keep_cache)
+        await fs.ops.release(fi.fh)
+    assert opens == [False, True]
+    await fs.ops.forget([(ino, 1000)])  # the kernel let the inode go, and its pages with it
+    ino = (await fs.ops.lookup(ready, b"m", Ctx())).st_ino
+    fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())
+    assert not fi.keep_cache
+    await fs.ops.release(fi.fh)
+
+
 async def test_names_a_publish_makes_elsewhere_are_dropped_from_the_kernels_cache(
         fs: Fs) -> None:
     """A publish can make names the kernel never asked for, where it may hold a negative
