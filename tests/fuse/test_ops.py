@@ -451,6 +451,23 @@ async def test_names_a_publish_makes_elsewhere_are_dropped_from_the_kernels_cach
     assert (success, b"dup") in fs.kernel.invalidated_entries
 
 
+async def test_an_upload_not_published_yet_is_not_read_through_a_name_still_cached(
+        fs: Fs) -> None:
+    """``mv`` of an upload still written into ``ready/``: the kernel holds the new name until
+    the daemon's drop of it lands (later still while that waits for a directory's lock). A
+    reader's open through it finds no such file, as a lookup would, rather than the
+    unfinished bytes; the writer writes on and its close publishes."""
+    partial, ready = fs[State.PARTIAL], fs[State.READY]
+    fi, attr = await fs.ops.create(partial, b"u", 0o644, os.O_WRONLY | os.O_CREAT, Ctx())
+    await fs.ops.write(fi.fh, 0, b"hal")
+    await fs.ops.rename(partial, b"u", ready, b"u", 0, Ctx())
+    assert await _errno_of(fs.ops.open(attr.st_ino, os.O_RDONLY, Ctx())) == errno.ENOENT
+    await fs.ops.write(fi.fh, 3, b"f of it\n")
+    await fs.ops.flush(fi.fh)
+    await fs.ops.release(fi.fh)
+    assert await fs.read_all(attr.st_ino) == b"half of it\n"
+
+
 async def test_publishing_a_file_still_open_drops_its_cached_name(fs: Fs) -> None:
     partial, ready = fs[State.PARTIAL], fs[State.READY]
     fi, _ = await fs.ops.create(partial, b"u", 0o644, os.O_WRONLY | os.O_CREAT, Ctx())
