@@ -31,6 +31,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from spoolfs.blobs.threads import started
+
 log = logging.getLogger(__name__)
 
 #: a file that takes up to this much of the disk (one block: the staging file of most uploads)
@@ -93,10 +95,7 @@ def holds_space(fd: int) -> bool:
 def close_later(fd: int) -> None:
     """Close ``fd`` in a thread of its own, waited for by nobody: where no request waits for
     the space (a writers' lock given up after a publish whose content was stored apart)."""
-    try:
-        threading.Thread(target=close_all, args=([fd],), name="spoolfs-freeing",
-                         daemon=True).start()
-    except RuntimeError:  # no thread to be had: here, then
+    if started(close_all, "spoolfs-freeing", [fd]) is None:  # no thread to be had: here
         close_all([fd])
 
 
@@ -136,13 +135,8 @@ class Closer:
     def _start(self) -> bool:
         with self._lock:
             if self._thread is None:
-                thread = threading.Thread(target=self._run, name="spoolfs-closer", daemon=True)
-                try:
-                    thread.start()
-                except RuntimeError:
-                    return False
-                self._thread = thread
-        return True
+                self._thread = started(self._run, "spoolfs-closer")
+            return self._thread is not None
 
     def _run(self) -> None:
         while True:

@@ -29,6 +29,7 @@ import tempfile
 import threading
 
 from spoolfs.blobs.files import hash_file
+from spoolfs.blobs.threads import started
 
 #: The thread is woken once this much more is written, and reads and hashes this much at a
 #: time, into one buffer of its own: a thread starts once an upload is this large (smaller
@@ -107,10 +108,8 @@ class RunningHash:
                 if self._thread is not None:
                     self._cond.notify()
                     return
-                thread = threading.Thread(target=self._run, name="spoolfs-hash", daemon=True)
-                try:
-                    thread.start()
-                except RuntimeError:  # no thread to be had: hashed at publish
+                thread = started(self._run, "spoolfs-hash")
+                if thread is None:  # no thread to be had: hashed at publish
                     self.broken = self._stop = True
                     return
                 self._thread = thread

@@ -39,6 +39,8 @@ import stat
 import threading
 from collections.abc import Callable, Hashable
 
+from spoolfs.blobs.threads import started
+
 log = logging.getLogger(__name__)
 
 #: an upload is asked to be written back each time this much more of it has been written
@@ -141,15 +143,10 @@ class Writeback:
         kick): a kick queued with no thread to run it would leave its publish waiting."""
         with self._lock:
             if self._thread is None:
-                thread = threading.Thread(target=self._run, daemon=True,
-                                          name="spoolfs-writeback")
-                try:
-                    thread.start()
-                except RuntimeError as e:
-                    log.warning("no thread for early writeback (%s): publishes sync it all", e)
-                    return False
-                self._thread = thread
-        return True
+                self._thread = started(self._run, "spoolfs-writeback")
+                if self._thread is None:
+                    log.warning("no thread for early writeback: publishes sync it all")
+            return self._thread is not None
 
     def sync_failed(self, key: Hashable) -> bool:
         """Whether a sync of the file under ``key`` failed (an early one, once those still
