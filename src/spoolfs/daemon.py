@@ -122,7 +122,11 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
                          nfs_export=NFS_EXPORT in options,
                          direct_writes=SHARED_MMAP not in options)
         # the kernel sets a mount's read-ahead when it gets the reply to INIT: after that
-        ops.after_init = functools.partial(_tune_read_ahead, os.path.abspath(mountpoint))
+        record = mounttable.device_record(mountpoint, place.local)
+        ops.after_init = functools.partial(_tune_mount, os.path.abspath(mountpoint),
+                                           record if NFS_EXPORT in options else None)
+        ops.on_nfs_server = functools.partial(_served_over_nfs, os.path.abspath(mountpoint),
+                                              record)
         opts = fuse_options(place.name, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
@@ -172,10 +176,36 @@ def raise_open_files_limit() -> None:
         log.info("open files: at most %d (the soft limit was %d)", hard, soft)
 
 
-def _tune_read_ahead(mountpoint: str) -> None:
+def _tune_mount(mountpoint: str, device_record: str | None) -> None:
+    """Once the mount is in the kernel's table: its read-ahead; for an exported mount, a
+    warning when its device number is not the one an NFS server last served it under (kept in
+    ``device_record``), as the handles that server's clients hold are then stale."""
     why = mounttable.set_read_ahead(mountpoint)
     if why is not None:
         log.info("%s", why)
+    if device_record is None:
+        return
+    try:
+        served, now = mounttable.recorded_device(device_record), mounttable.device(mountpoint)
+    except OSError as e:
+        log.warning("nfs_export: the device number NFS clients last saw is unknown: %s", e)
+        return
+    if served is not None and now is not None and served != now:
+        log.warning("nfs_export: the device number of %s is %s, NFS clients last saw %s: the "
+                    "file handles they hold are stale, and they must mount again (another "
+                    "mount took the number, or one below it was unmounted, since the last "
+                    "mount)", mountpoint, now, served)
+
+
+def _served_over_nfs(mountpoint: str, device_record: str) -> None:
+    """The NFS server's first request on this mount: its clients' handles carry the mount's
+    device number from now on (kept in ``device_record``)."""
+    try:
+        now = mounttable.device(mountpoint)
+        if now is not None and now != mounttable.recorded_device(device_record):
+            mounttable.record_device(device_record, now)
+    except OSError as e:
+        log.warning("nfs_export: the device number NFS clients see was not recorded: %s", e)
 
 
 async def _main(spool: Spool, on_ready: Callable[[], None],

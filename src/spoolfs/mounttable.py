@@ -15,7 +15,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from spoolfs.runtime import pidfile
+from spoolfs.runtime import mount_key, pidfile
 
 FUSECTL = "/sys/fs/fuse/connections"
 _ESCAPE = re.compile(rb"\\([0-7]{3})")
@@ -71,6 +71,45 @@ def set_read_ahead(mountpoint: str, kb: int = READ_AHEAD_KB) -> str | None:
     except OSError as e:
         return f"read-ahead of {entry.device} left as it was: {e.strerror}"
     return None
+
+
+#: where a store's own directory keeps the device number of each exported mount point
+EXPORTED_DIR = "exported"
+
+
+def device_record(mountpoint: str, record_dir: str) -> str:
+    """The file under ``record_dir`` that keeps the device number under which an NFS server
+    last served the mount on ``mountpoint``. (Resolved before mounting: the daemon cannot stat
+    its own mount point from its event loop.)
+
+    An NFS server's file handles for a FUSE mount carry its device number (FUSE reports no
+    fsid of its own). The kernel gives a new mount the lowest number free, so a mount made
+    again after a restart keeps its number only when no other mount took it meanwhile and
+    none below it was unmounted since: otherwise every handle the clients hold is stale."""
+    return os.path.join(record_dir, EXPORTED_DIR, mount_key(mountpoint))
+
+
+def device(mountpoint: str) -> str | None:
+    """MAJOR:MINOR of the mount on ``mountpoint`` (an absolute path), or None."""
+    entry = find(mountpoint)
+    return entry.device if entry is not None and entry.device else None
+
+
+def recorded_device(record: str) -> str | None:
+    """The device number kept in ``record`` (``device_record``), if any."""
+    try:
+        with open(record) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def record_device(record: str, number: str) -> None:
+    """Keep the device number ``number`` in ``record``, replacing what it held."""
+    os.makedirs(os.path.dirname(record), 0o700, exist_ok=True)
+    with open(record + ".new", "w") as f:
+        f.write(number + "\n")
+    os.replace(record + ".new", record)
 
 
 def is_spoolfs(entry: MountEntry) -> bool:

@@ -36,9 +36,13 @@ def make_runtime_dir() -> str:
     return d
 
 
+def mount_key(mountpoint: str) -> str:
+    """A file name standing for the mount point ``mountpoint`` (its real path, escaped)."""
+    return os.path.realpath(mountpoint).strip("/").replace("%", "%25").replace("/", "%2F") or "%2F"
+
+
 def pidfile(mountpoint: str) -> str:
-    key = os.path.realpath(mountpoint).strip("/").replace("%", "%25").replace("/", "%2F") or "%2F"
-    return os.path.join(runtime_dir(), key + ".pid")
+    return os.path.join(runtime_dir(), mount_key(mountpoint) + ".pid")
 
 
 def default_store() -> str:

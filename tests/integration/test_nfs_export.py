@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.devices import anonymous_minor, mount_with_device, mount_without_device
 from helpers.mounts import Mount, MountFactory
 from helpers.nfs import NfsServer
 from helpers.nfsclient import NfsClient
@@ -302,11 +303,14 @@ def test_the_claim_of_a_client_that_stops_expires(exported: tuple[Mount, NfsServ
     assert "lease expired" in history, history
 
 
-def test_a_daemon_restart_under_the_export(exported: tuple[Mount, NfsServer, Queue]) -> None:
+def test_a_daemon_restart_under_the_export(exported: tuple[Mount, NfsServer, Queue],
+                                          tmp_path: Path) -> None:
     """kill -9 of the daemon: clients get errors. In the README's order (stop the NFS server,
     ``spoolfs umount``, which detaches the dead mount, mount again, start the server) the same
-    client goes on with the file handles it had."""
+    client goes on with the file handles it had, when the new mount has the old one's device
+    number (helpers/devices.py: the suite's other mounts are kept from taking it)."""
     m, server, q = exported
+    minor = anonymous_minor(m.path)
     c = server.client(3)
     try:
         c.write_file("q/ready/before", _body("before"))
@@ -318,15 +322,47 @@ def test_a_daemon_restart_under_the_export(exported: tuple[Mount, NfsServer, Que
         server.stop()
         res = spoolfs_cli("umount", str(m.path))
         assert res.returncode == 0 and b"detached" in res.stdout, res.stderr
-        m.start()
+        since = mount_with_device(m, minor, tmp_path / "held")
         server.start()
         assert wait_until(lambda: _listing(c, "q/ready"), timeout=30,
                           what="the client to see the spool again") == ["before"]
         assert c.read_file("q/ready/before") == _body("before")
         c.write_file("q/ready/after", _body("after"))
         assert sorted(os.listdir(q.ready)) == ["after", "before"]
+        assert "device number" not in m.log_text(since)
     finally:
         c.close()
+    _fsck_clean(m)
+
+
+def test_a_restart_on_another_device_number_is_logged(
+        exported: tuple[Mount, NfsServer, Queue], tmp_path: Path) -> None:
+    """When the spool's new mount gets another device number (another mount took the old
+    one meanwhile), the clients' old handles are stale: the daemon says so in its log, and a
+    client that mounts again works."""
+    m, server, q = exported
+    minor = anonymous_minor(m.path)
+    old = server.client(3)
+    try:
+        old.write_file("q/ready/before", _body("before"))
+        server.stop()
+        m.umount()
+        since = m.log_size()
+        mount_without_device(m, minor, tmp_path / "held")
+        server.start()
+        line = wait_until(lambda: next((ln for ln in m.log_text(since).splitlines()
+                                        if "device number" in ln), None),
+                          timeout=10, what="the warning in the daemon's log")
+        assert "WARNING" in line and f"0:{minor}" in line and "mount again" in line, line
+        new = server.client(3)
+        try:
+            assert wait_until(lambda: _listing(new, "q/ready"), timeout=30,
+                              what="a new client to see the spool") == ["before"]
+        finally:
+            new.close()
+        assert _listing(old, "q/ready") is None  # its handles are stale
+    finally:
+        old.close()
     _fsck_clean(m)
 
 

@@ -141,6 +141,8 @@ class Operations(pyfuse3.Operations):
         spool.on_stale = self._drop_attributes
         #: runs once the kernel has the reply to its INIT request (the daemon tunes the mount)
         self.after_init: Callable[[], None] | None = None
+        #: runs at the first request of the NFS server exporting the mount (-o nfs_export)
+        self.on_nfs_server: Callable[[], None] | None = None
 
     def init(self) -> None:
         # Called while INIT is answered; the reply is on its way when the task runs.
@@ -181,6 +183,9 @@ class Operations(pyfuse3.Operations):
             if len(self._nfs_threads) > 4096:  # thread ids are reused: start over now and then
                 self._nfs_threads.clear()
             known = self._nfs_threads[tid] = procinfo.nfs_server(tid)
+            if known and self.on_nfs_server is not None:
+                served, self.on_nfs_server = self.on_nfs_server, None
+                served()
         return known
 
     def _sid(self, ino: int) -> int:
