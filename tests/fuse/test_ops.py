@@ -402,6 +402,72 @@ async def test_a_flush_while_the_opener_holds_the_file_does_not_publish(
     assert await fs.names(ready) == [b"m"]
 
 
+async def test_the_first_open_of_published_content_drops_what_the_kernel_cached_before(
+        fs: Fs) -> None:
+    """A message keeps its inode when it is published, and the kernel may hold pages of it
+    read while it was an upload (another mount's writer may have written it since): the
+    first open of the published content here drops them (no ``keep_cache``); later opens
+    keep what is cached, as its bytes never change now."""
+    partial, ready = fs[State.PARTIAL], fs[State.READY]
+    ino = await fs.upload(partial, b"m", b"v1")
+    fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())  # a reader of the upload: pages cached
+    assert not fi.keep_cache
+    await fs.ops.release(fi.fh)
+    await fs.ops.rename(partial, b"m", ready, b"m", 0, Ctx())
+    opens = []
+    for _ in range(2):
+        fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())
+        opens.append(fi.keep_cache)
+        await fs.ops.release(fi.fh)
+    assert opens == [False, True]
+    await fs.ops.forget([(ino, 1000)])  # the kernel let the inode go, and its pages with it
+    ino = (await fs.ops.lookup(ready, b"m", Ctx())).st_ino
+    fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())
+    assert not fi.keep_cache
+    await fs.ops.release(fi.fh)
+
+
+async def test_names_a_publish_makes_elsewhere_are_dropped_from_the_kernels_cache(
+        fs: Fs) -> None:
+    """A publish can make names the kernel never asked for, where it may hold a negative
+    entry (a consumer's ``-e`` test a moment before): a topic's copies in its subscribers'
+    ``ready/``, the topic's message in ``success/``, a skipped duplicate in ``success/``, an
+    upload refused at its close in ``partial/``. Each is dropped from the kernel's cache once
+    the publish commits, as the lifecycle's moves are."""
+    topic, success = fs[State.READY], fs[State.SUCCESS]
+    sub = await fs.ops.mkdir(pyfuse3.ROOT_INODE, b"sub", 0o755, Ctx())
+    sub_ready = (await fs.ops.lookup(sub.st_ino, b"ready", Ctx())).st_ino
+    await fs.ops.setxattr(fs.queue, b"user.spool.policy.fanout", b"sub", Ctx())
+    for d, name in ((sub_ready, b"job"), (success, b"job")):
+        assert (await fs.ops.lookup(d, name, Ctx())).st_ino == 0  # cached as absent
+    await fs.upload(topic, b"job", b"x")
+    assert (sub_ready, b"job") in fs.kernel.invalidated_entries
+    assert (success, b"job") in fs.kernel.invalidated_entries
+    await fs.ops.setxattr(fs.queue, b"user.spool.policy.fanout", b"", Ctx())
+    await fs.ops.setxattr(fs.queue, b"user.spool.policy.duplicates", b"skip", Ctx())
+    await fs.upload(topic, b"again", b"y")
+    await fs.upload(topic, b"dup", b"y")
+    assert await fs.names(success) == [b"job", b"dup"]
+    assert (success, b"dup") in fs.kernel.invalidated_entries
+
+
+async def test_an_upload_not_published_yet_is_not_read_through_a_name_still_cached(
+        fs: Fs) -> None:
+    """``mv`` of an upload still written into ``ready/``: the kernel holds the new name until
+    the daemon's drop of it lands (later still while that waits for a directory's lock). A
+    reader's open through it finds no such file, as a lookup would, rather than the
+    unfinished bytes; the writer writes on and its close publishes."""
+    partial, ready = fs[State.PARTIAL], fs[State.READY]
+    fi, attr = await fs.ops.create(partial, b"u", 0o644, os.O_WRONLY | os.O_CREAT, Ctx())
+    await fs.ops.write(fi.fh, 0, b"hal")
+    await fs.ops.rename(partial, b"u", ready, b"u", 0, Ctx())
+    assert await _errno_of(fs.ops.open(attr.st_ino, os.O_RDONLY, Ctx())) == errno.ENOENT
+    await fs.ops.write(fi.fh, 3, b"f of it\n")
+    await fs.ops.flush(fi.fh)
+    await fs.ops.release(fi.fh)
+    assert await fs.read_all(attr.st_ino) == b"half of it\n"
+
+
 async def test_publishing_a_file_still_open_drops_its_cached_name(fs: Fs) -> None:
     partial, ready = fs[State.PARTIAL], fs[State.READY]
     fi, _ = await fs.ops.create(partial, b"u", 0o644, os.O_WRONLY | os.O_CREAT, Ctx())
@@ -745,6 +811,7 @@ async def test_a_direct_upload_whose_sync_failed_goes_to_partial_at_close(
     failures = _failing_once(monkeypatch, "fsync")
     assert await _errno_of(fs.ops.flush(fi.fh)) == errno.EIO
     assert failures == []
+    assert (fs[State.PARTIAL], b"m") in fs.kernel.invalidated_entries  # a name it never asked
     await fs.ops.release(fi.fh)
     assert await fs.names(fs[State.READY]) == []
     attr = await fs.ops.lookup(fs[State.PARTIAL], b"m", Ctx())

@@ -289,3 +289,23 @@ def test_the_kicks_of_an_upload_removed_meanwhile_write_nothing(tmp_path: Path) 
         os.close(other)
         os.close(gone)
     assert hints.ranges == [(0, MIB)] and syncs.sizes == []
+
+
+def test_a_mark_that_cannot_be_cleared_leaves_the_cut_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        writeback.mark_failed(fd)
+        wb = Writeback(Recorder(), Syncs())
+        wb.failed("k")
+
+        def refused(fd: int, mode: int) -> None:
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "fchmod", refused)
+        writeback.cut_to_nothing(fd, "k", wb)  # no exception: the cut stands, refused still
+        assert wb.sync_failed("k") and writeback.failed_before(os.fstat(fd).st_mode)
+        assert "could not be cleared" in caplog.text
+    finally:
+        os.close(fd)

@@ -79,12 +79,18 @@ def cut_to_nothing(fd: int, key: Hashable, wb: Writeback) -> None:
     """The file open on ``fd`` (kept under ``key``) may just have been cut: if it holds nothing
     now, a sync that failed before concerns bytes it no longer has (a producer's retry writes
     it whole again, and its seal syncs what it writes), so its mark and ``wb``'s memory of the
-    failure go."""
-    st = os.fstat(fd)
+    failure go. A mark that cannot be cleared stays (logged): the upload stays refused, the
+    cut itself is made."""
+    try:
+        st = os.fstat(fd)
+        if st.st_size == 0 and failed_before(st.st_mode):
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~SYNC_FAILED)
+    except OSError as e:
+        log.error("the mark of a failed sync could not be cleared from a file cut to nothing "
+                  "(%s): remove it to publish it", e)
+        return
     if st.st_size == 0:
         wb.forget(key)
-        if failed_before(st.st_mode):
-            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~SYNC_FAILED)
 
 
 def _libc_sync_file_range() -> Callable[[int, int, int], None] | None:

@@ -132,6 +132,9 @@ class Operations(pyfuse3.Operations):
         self._dirs: dict[int, _Listing] = {}  # open directory handle -> its listing
         self._next_fh = 1
         self._lookups: dict[int, int] = {}
+        #: messages opened here since the kernel last learned their inode, their content
+        #: published: what the kernel caches of them now is theirs (``open``)
+        self._opened_sealed: set[int] = set()
         #: until when (monotonic) the kernel may keep the attributes it was last given, for
         #: the entries it knows: once they expire it asks again, nobody need tell it
         self._fresh: dict[int, float] = {}
@@ -163,7 +166,8 @@ class Operations(pyfuse3.Operations):
                     pass  # forgotten meanwhile
 
     def _drop_name(self, parent: int, name: bytes) -> None:
-        """The lifecycle moved or purged ``parent/name``: the kernel must not keep the name."""
+        """The lifecycle moved or purged ``parent/name``, or a transaction made it unasked (a
+        publish's fan-out, ``moves.UNASKED``): the kernel must not keep the name."""
         pyfuse3.invalidate_entry_async(self._ino(parent), name, ignore_enoent=True)
 
     # ---- inode mapping and attributes ---------------------------------------------------
@@ -328,8 +332,9 @@ class Operations(pyfuse3.Operations):
     def _absent() -> pyfuse3.EntryAttributes:
         """A negative entry: no such name, for TIMEOUT seconds. A name this daemon makes
         appears through the kernel's own request, or is dropped from its cache (lifecycle
-        moves, other daemons' changes on a shared store); another daemon on the same
-        embedded store is seen within TIMEOUT, as for names that exist."""
+        moves, names a publish makes elsewhere, other daemons' changes on a shared store);
+        another daemon on the same embedded store is seen within TIMEOUT, as for names that
+        exist."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = 0
         a.entry_timeout = TIMEOUT
@@ -345,6 +350,7 @@ class Operations(pyfuse3.Operations):
                 self._lookups.pop(sid, None)
                 self._fresh.pop(sid, None)
                 self._gone.pop(sid, None)
+                self._opened_sealed.discard(sid)
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
@@ -534,15 +540,22 @@ class Operations(pyfuse3.Operations):
                 raise NotPermitted("MOUNT/.spool/ is read-only")
             h = Handle(inode, None, await self._render(inode, ctx), False)
             return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True, keep_cache=False)
-        h = await self.spool.open(self._sid(inode), acc != os.O_RDONLY,
-                                  bool(flags & os.O_TRUNC), self._who(ctx))
+        sid = self._sid(inode)
+        h = await self.spool.open(sid, acc != os.O_RDONLY, bool(flags & os.O_TRUNC),
+                                  self._who(ctx))
         self._watch_opener(h, self.spool.awaits_publish(h))
-        # Published content never changes: the page cache may keep it. An upload is written
+        # Published content never changes: the page cache may keep it, once the first open of
+        # it here has dropped what the kernel held of the inode before (pages read while it
+        # was an upload, which a writer through another mount may have changed since; the
+        # inode is the message's from its creation on). An upload is written
         # straight to the daemon (direct_io): a copy fewer, and no security.capability lookup
         # before each write; pages cached while writing were dropped anyway as soon as the
         # kernel saw the newer mtime. The cost: no shared writable mmap of an upload (ENODEV)
         # unless -o shared_mmap.
-        return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=h.sealed,
+        keep = h.sealed and sid in self._opened_sealed
+        if h.sealed:
+            self._opened_sealed.add(sid)
+        return pyfuse3.FileInfo(fh=self._new_fh(h), keep_cache=keep,
                                 direct_io=self._writes_direct(h))
 
     @_guard

@@ -33,7 +33,7 @@ from typing import Any, TypeVar, cast
 import trio
 
 from spoolfs.core.errors import StoreFailure
-from spoolfs.service.moves import MOVED
+from spoolfs.service.moves import MOVED, NAMED
 from spoolfs.service.timings import TIMINGS
 from spoolfs.store.base import Store, StoreBusy, WriteTx
 
@@ -60,22 +60,27 @@ class _Request:
 
 
 class _Moved:
-    """A function's result and the transitions it applied (``moves.MOVED``)."""
+    """A function's result, the transitions it applied (``moves.MOVED``) and the names it
+    made unasked (``moves.NAMED``)."""
 
-    __slots__ = ("value", "moved")
+    __slots__ = ("value", "moved", "named")
 
-    def __init__(self, value: Any, moved: list[tuple[str, int | None]]) -> None:
+    def __init__(self, value: Any, moved: list[tuple[str, int | None]],
+                 named: list[tuple[int, bytes]]) -> None:
         self.value = value
         self.moved = moved
+        self.named = named
 
 
 def _recording(fn: Callable[[WriteTx], Any]) -> Callable[[WriteTx], _Moved]:
     def run(tx: WriteTx) -> _Moved:
         moved: list[tuple[str, int | None]] = []
-        token = MOVED.set(moved)
+        named: list[tuple[int, bytes]] = []
+        token, named_token = MOVED.set(moved), NAMED.set(named)
         try:
-            return _Moved(fn(tx), moved)
+            return _Moved(fn(tx), moved, named)
         finally:
+            NAMED.reset(named_token)
             MOVED.reset(token)
 
     return run
@@ -85,6 +90,8 @@ class Committer:
     def __init__(self, store: Store, limiter: trio.CapacityLimiter | None = None) -> None:
         #: a queue's name for the transition counters (the spool sets it)
         self.queue_name: Callable[[int | None], str] = lambda queue: str(queue)
+        #: told of each name a committed function made unasked (``moves.NAMED``)
+        self.on_named: Callable[[int, bytes], None] = lambda parent, name: None
         self.store = store
         #: the worker threads a networked store's calls may take at once (its pool's size)
         self.limiter = limiter
@@ -245,9 +252,12 @@ class Committer:
             req.done.set()
 
     def _counted(self, result: _Moved) -> Any:
-        """Count a committed function's transitions; its own result."""
+        """Count a committed function's transitions, and have the names it made unasked
+        dropped from the kernel's cache (``on_named``); its own result."""
         for action, queue in result.moved:
             TIMINGS.moved(action, self.queue_name(queue))
+        for parent, name in result.named:
+            self.on_named(parent, name)
         return result.value
 
     def close(self) -> None:

@@ -55,7 +55,7 @@ NS = 1_000_000_000
 GRACE_NS = 600 * NS
 #: How long a shared store keeps its change log (gc prunes older rows): far longer than any
 #: follower's one-second poll. A daemon cut off from the database for longer misses what was
-#: pruned; today its kernel caches nothing for long (entry and attribute timeouts are 0).
+#: pruned; its kernel keeps nothing for longer than its entry and attribute timeout (1 s).
 CHANGES_KEPT_S = 3600.0
 #: How often a daemon's background collection runs.
 INTERVAL_S = 600.0

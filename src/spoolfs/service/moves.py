@@ -20,6 +20,15 @@ from spoolfs.store.base import Entry, WriteTx
 #: counts them once their transaction has committed (service/committer.py)
 MOVED: ContextVar[list[tuple[str, int | None]] | None] = ContextVar("moved", default=None)
 
+#: the names the transaction function running now made that no request of the kernel's asked
+#: for, as (parent, name): the committer has them dropped from the kernel's cache once their
+#: transaction has committed (a negative entry for them may be cached there)
+NAMED: ContextVar[list[tuple[int, bytes]] | None] = ContextVar("named", default=None)
+#: the actions that make such names: a topic's copies in its subscribers' ready/, a topic's
+#: message or a skipped duplicate moved to success/, an upload refused at its close moved to
+#: partial/ (the lifecycle's moves drop their names themselves: service/lifecycle.py)
+UNASKED = frozenset({Action.FANOUT, Action.DUPLICATE, Action.REFUSED})
+
 #: who asked: (uid, pid) of the caller; (None, None) for the daemon's own moves
 By = tuple[int | None, int | None]
 DAEMON: By = (None, None)
@@ -48,6 +57,8 @@ def apply(tx: WriteTx, cur: Entry, action: Action, to: State | None, ctx: Contex
             assert cur.parent is not None
             if not tx.move(cur.id, cur.parent, cur.name, *into, state=to, **fields):
                 return False
+            if action in UNASKED:
+                _named(*into)
         else:
             tx.update(cur.id, **fields)
     _record(action, extra.get("queue", cur.queue), fields)
@@ -70,6 +81,8 @@ def make(tx: WriteTx, action: Action, to: State, ctx: Context, by: By, *,
     fields = fields_of(transition(action, to), None, ctx)
     e = tx.insert(state=to, **row, **fields)
     _record(action, row.get("queue"), fields)
+    if action in UNASKED:
+        _named(row["parent"], row["name"])
     if history:
         tx.add_history(e.id, ctx.now, action.value, src, to.value, by[0], by[1], why)
     return e
@@ -81,3 +94,9 @@ def _record(action: Action, queue: int | None, fields: dict[str, Any]) -> None:
         moved.append((action.value, queue))
         if fields.get("abandoned"):
             moved.append(("abandon", queue))
+
+
+def _named(parent: int, name: bytes) -> None:
+    named = NAMED.get()
+    if named is not None:
+        named.append((parent, name))

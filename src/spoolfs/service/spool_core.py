@@ -124,6 +124,7 @@ class SpoolCore:
         #: new uploads' staging files made ahead, once its ``run`` is started (daemon.py)
         self.staging_pool = StagingPool(self.place.staging, self._reserve_ids)
         self.committer.queue_name = self._queue_name
+        self.committer.on_named = lambda parent, name: self.on_gone(parent, name)
         self._queue_names: dict[int, str] = {}
         self.clock = clock
         self._writers: dict[int, int] = {}  # entry id -> open writable handles here

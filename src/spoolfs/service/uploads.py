@@ -15,6 +15,7 @@ from spoolfs.core import rules
 from spoolfs.core.errors import (
     Exists,
     IsADirectory,
+    NotFound,
     NotPermitted,
     SpoolError,
     StoreFailure,
@@ -136,6 +137,10 @@ class Uploads(Publishing):
         e = self.get(entry_id)
         if e.kind not in ("message", MEMBER) or is_dir(e):
             raise IsADirectory()
+        if e.hidden and not (writable or truncate or who.nfs):
+            # an upload into ready/ not published yet, reached through a name the kernel still
+            # held (a mv while it is written): no such file to a reader, as to a lookup
+            raise NotFound(f"upload {entry_id} is not published yet")
         shares = counted = False
         if writable or truncate:
             e, shares = await self.writing(e)
