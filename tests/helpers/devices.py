@@ -6,7 +6,8 @@ keep their handles across a restart of the spool only when the new mount gets th
 number. On a quiet machine it does; in the suite, another process of the suite mounts and
 unmounts meanwhile. ``mount_with_device`` stands for the quiet machine: it holds every
 lower number free with a small tmpfs of its own, so that the old number is the lowest one
-free when the spool mounts, and mounts again if another mount took it first.
+free when the spool mounts, and mounts again if another mount took it first (its caller
+holds ``helpers.mounts.mounting`` alone, which keeps the suite's own mounts out).
 ``mount_without_device`` makes the other case on purpose: it holds the old number while the
 spool mounts.
 """

@@ -4,13 +4,16 @@ its unmount; whether FUSE is usable at all.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from helpers.procs import (
@@ -68,6 +71,31 @@ def mounted(path: Path) -> bool:
     return False
 
 
+#: The suite's processes mount and unmount under this lock, shared; a test that needs its
+#: mount's device number back after a restart holds it alone (helpers/devices.py), so that no
+#: other mount of the suite takes the number or frees one below it meanwhile.
+MOUNTING_LOCK = Path(tempfile.gettempdir()) / "spoolfs-tests-mounting.lock"
+_mounting_alone = False
+
+
+@contextmanager
+def mounting(alone: bool = False) -> Iterator[None]:
+    """Hold ``MOUNTING_LOCK``: shared, or ``alone``. Inside a hold alone, a nested hold is
+    the same one."""
+    global _mounting_alone
+    if _mounting_alone:
+        yield
+        return
+    fd = os.open(MOUNTING_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        _mounting_alone = alone
+        yield
+    finally:
+        _mounting_alone = False
+        os.close(fd)
+
+
 def new_store(path: Path) -> Path:
     """A new, empty store at ``path``, made as an operator makes one (``spoolfs format``)."""
     made = spoolfs_cli("format", str(path))
@@ -111,7 +139,8 @@ class Mount:
             new_store(self.store)
         self._log_offset = self.log_size()
         self._pid = None
-        res = spoolfs_cli(*self.argv, timeout=timeout)
+        with mounting():
+            res = spoolfs_cli(*self.argv, timeout=timeout)
         self.last_stderr = res.stderr.decode(errors="replace")
         if res.returncode != 0:
             if mounted(self.path):
@@ -181,7 +210,8 @@ class Mount:
     def umount(self, timeout: float = MOUNT_TIMEOUT) -> subprocess.CompletedProcess[bytes]:
         """``spoolfs umount``; asserts success, and waits until the daemon has exited."""
         pid = self.pid
-        res = spoolfs_cli("umount", str(self.path), timeout=timeout)
+        with mounting():
+            res = spoolfs_cli("umount", str(self.path), timeout=timeout)
         assert res.returncode == 0, (f"spoolfs umount exited {res.returncode}: "
                                      f"{res.stderr.decode(errors='replace')}\n{self.log_tail()}")
         Mount.live.discard(self)

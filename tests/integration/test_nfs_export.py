@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.devices import anonymous_minor, mount_with_device, mount_without_device
-from helpers.mounts import Mount, MountFactory
+from helpers.mounts import Mount, MountFactory, mounting
 from helpers.nfs import NfsServer
 from helpers.nfsclient import NfsClient
 from helpers.procs import process_exited, spoolfs_cli
@@ -320,9 +320,10 @@ def test_a_daemon_restart_under_the_export(exported: tuple[Mount, NfsServer, Que
         with pytest.raises(OSError):
             c.listdir("q/ready")
         server.stop()
-        res = spoolfs_cli("umount", str(m.path))
-        assert res.returncode == 0 and b"detached" in res.stdout, res.stderr
-        since = mount_with_device(m, minor, tmp_path / "held")
+        with mounting(alone=True):  # no other mount of the suite moves the numbers meanwhile
+            res = spoolfs_cli("umount", str(m.path))
+            assert res.returncode == 0 and b"detached" in res.stdout, res.stderr
+            since = mount_with_device(m, minor, tmp_path / "held")
         server.start()
         assert wait_until(lambda: _listing(c, "q/ready"), timeout=30,
                           what="the client to see the spool again") == ["before"]
