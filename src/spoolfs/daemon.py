@@ -102,9 +102,10 @@ def open_place(store_url: str, blobs: str | None) -> tuple[Store, Place]:
 
 
 def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str],
-          on_ready: Callable[[], None] = lambda: None, *,
+          on_ready: Callable[[list[str]], None] = lambda notes: None, *,
           metrics_listen: str | None = None, blobs: str | None = None) -> None:
-    """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live.
+    """Mount and serve until unmounted or signalled. ``on_ready`` runs once the mount is live,
+    with the warnings its operator should see at once (also logged).
     ``store_dir`` is a store directory or a store URL; ``blobs`` where a URL store's content
     lives (recorded by its first mount)."""
     os.umask(0o077)  # what the daemon creates (store files, pid file) is its owner's alone
@@ -121,12 +122,13 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         ops = Operations(spool, root_id, Gate(spool.r) if STRICT_ROLES in options else None,
                          nfs_export=NFS_EXPORT in options,
                          direct_writes=SHARED_MMAP not in options)
+        # as the mount table names it (resolved now: once mounted, a stat of the mount point
+        # waits for the event loop)
+        point = os.path.realpath(mountpoint)
         # the kernel sets a mount's read-ahead when it gets the reply to INIT: after that
-        record = mounttable.device_record(mountpoint, place.local)
-        ops.after_init = functools.partial(_tune_mount, os.path.abspath(mountpoint),
-                                           record if NFS_EXPORT in options else None)
-        ops.on_nfs_server = functools.partial(_served_over_nfs, os.path.abspath(mountpoint),
-                                              record)
+        ops.after_init = functools.partial(_tune_read_ahead, point)
+        record = mounttable.device_record(point, place.local)
+        ops.on_nfs_server = functools.partial(_served_over_nfs, point, record)
         opts = fuse_options(place.name, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
@@ -139,13 +141,15 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
             for sock in listeners:
                 sock.close()
             raise UserError(f"cannot mount {mountpoint}: {e}") from e
+        # (the mount is in the kernel's table once init returns)
+        notes = _export_device_changed(point, record) if NFS_EXPORT in options else []
         try:
             with open(pf, "w") as f:
                 f.write(f"{os.getpid()}\n")
             log.info("mounted %s on %s (pid %d)", place.name, mountpoint, os.getpid())
             try:
-                trio.run(_main, spool, on_ready, listeners, root_id if root_id != 1 else None,
-                         instruments=session.install())
+                trio.run(_main, spool, functools.partial(on_ready, notes), listeners,
+                         root_id if root_id != 1 else None, instruments=session.install())
             finally:
                 pyfuse3.close(unmount=True)
         finally:
@@ -176,25 +180,29 @@ def raise_open_files_limit() -> None:
         log.info("open files: at most %d (the soft limit was %d)", hard, soft)
 
 
-def _tune_mount(mountpoint: str, device_record: str | None) -> None:
-    """Once the mount is in the kernel's table: its read-ahead; for an exported mount, a
-    warning when its device number is not the one an NFS server last served it under (kept in
-    ``device_record``), as the handles that server's clients hold are then stale."""
+def _tune_read_ahead(mountpoint: str) -> None:
     why = mounttable.set_read_ahead(mountpoint)
     if why is not None:
         log.info("%s", why)
-    if device_record is None:
-        return
+
+
+def _export_device_changed(mountpoint: str, device_record: str) -> list[str]:
+    """An exported mount whose device number is not the one its NFS server last served it
+    under (kept in ``device_record``): the handles that server's clients hold are stale.
+    The warning, logged; none when the number is the same or was never recorded."""
     try:
         served, now = mounttable.recorded_device(device_record), mounttable.device(mountpoint)
     except OSError as e:
         log.warning("nfs_export: the device number NFS clients last saw is unknown: %s", e)
-        return
-    if served is not None and now is not None and served != now:
-        log.warning("nfs_export: the device number of %s is %s, NFS clients last saw %s: the "
-                    "file handles they hold are stale, and they must mount again (another "
-                    "mount took the number, or one below it was unmounted, since the last "
-                    "mount)", mountpoint, now, served)
+        return []
+    if served is None or now is None or served == now:
+        return []
+    note = (f"nfs_export: the device number of {mountpoint} is {now}, NFS clients last saw "
+            f"{served}: the file handles they hold are stale, and they must mount again "
+            "(another mount took the number, or one below it was unmounted, since the last "
+            "mount)")
+    log.warning("%s", note)
+    return [note]
 
 
 def _served_over_nfs(mountpoint: str, device_record: str) -> None:

@@ -330,7 +330,7 @@ def test_a_daemon_restart_under_the_export(exported: tuple[Mount, NfsServer, Que
         assert c.read_file("q/ready/before") == _body("before")
         c.write_file("q/ready/after", _body("after"))
         assert sorted(os.listdir(q.ready)) == ["after", "before"]
-        assert "device number" not in m.log_text(since)
+        assert "device number" not in m.log_text(since) and not m.last_stderr
     finally:
         c.close()
     _fsck_clean(m)
@@ -339,8 +339,8 @@ def test_a_daemon_restart_under_the_export(exported: tuple[Mount, NfsServer, Que
 def test_a_restart_on_another_device_number_is_logged(
         exported: tuple[Mount, NfsServer, Queue], tmp_path: Path) -> None:
     """When the spool's new mount gets another device number (another mount took the old
-    one meanwhile), the clients' old handles are stale: the daemon says so in its log, and a
-    client that mounts again works."""
+    one meanwhile), the clients' old handles are stale: the daemon says so in its log and
+    ``spoolfs`` on its stderr, and a client that mounts again works."""
     m, server, q = exported
     minor = anonymous_minor(m.path)
     old = server.client(3)
@@ -355,6 +355,8 @@ def test_a_restart_on_another_device_number_is_logged(
                                         if "device number" in ln), None),
                           timeout=10, what="the warning in the daemon's log")
         assert "WARNING" in line and f"0:{minor}" in line and "mount again" in line, line
+        # and at the terminal of whoever mounted it
+        assert "spoolfs: warning: nfs_export: the device number" in m.last_stderr, m.last_stderr
         new = server.client(3)
         try:
             assert wait_until(lambda: _listing(new, "q/ready"), timeout=30,

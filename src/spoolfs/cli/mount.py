@@ -143,7 +143,7 @@ def run(argv: list[str]) -> int:
         setup(args.log_level, args.log_file, True)
         _log_ignored(ignored)
         daemon.serve(store, mountpoint, args.queue, options,
-                     lambda: _ready(store, mountpoint, args.queue),
+                     lambda notes: _ready(store, mountpoint, args.queue),  # (notes: logged)
                      metrics_listen=args.metrics_listen, blobs=args.blobs)
         return 0
     return _daemonize(args, store, mountpoint, options, ignored)
@@ -169,7 +169,9 @@ def _daemonize(args: argparse.Namespace, store: str, mountpoint: str, options: l
         os.close(w)
         with os.fdopen(r, "rb") as pipe:
             msg = pipe.read().decode(errors="replace")
-        if msg == "ok":
+        if msg.partition("\n")[0] == "ok":  # then the warnings the operator should see
+            for note in msg.splitlines()[1:]:
+                print(f"spoolfs: warning: {note}", file=sys.stderr)
             return 0
         os.waitpid(pid, 0)
         raise UserError(msg.strip() or "the daemon exited before the mount was ready")
@@ -185,9 +187,9 @@ def _daemonize(args: argparse.Namespace, store: str, mountpoint: str, options: l
         setup(args.log_level, args.log_file, False)
         _log_ignored(ignored)
 
-        def ready() -> None:
+        def ready(notes: list[str]) -> None:
             _ready(store, mountpoint, args.queue)  # before the parent exits
-            os.write(w, b"ok")
+            os.write(w, "\n".join(["ok", *notes]).encode())
             os.close(w)
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
