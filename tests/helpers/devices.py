@@ -122,6 +122,16 @@ def mount_with_device(m: Mount, minor: int, scratch: Path, timeout: float = 30.0
         time.sleep(0.1)
 
 
+@contextmanager
+def numbers_below_held(minor: int, scratch: Path) -> Iterator[None]:
+    """For the block, hold every number below ``minor`` that is free (``minor`` itself still
+    in use): once ``minor`` is freed, the next mount made gets it (the README's restart lines,
+    which mount by themselves)."""
+    with _holders(scratch) as h:
+        h.fill_below(minor)
+        yield
+
+
 def mount_without_device(m: Mount, minor: int, scratch: Path, timeout: float = 30.0) -> None:
     """Mount ``m`` (unmounted) so that it gets another number than ``minor``."""
     with _holders(scratch) as h:
