@@ -128,7 +128,6 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
         # the kernel sets a mount's read-ahead when it gets the reply to INIT: after that
         ops.after_init = functools.partial(_tune_read_ahead, point)
         record = mounttable.device_record(point, place.local)
-        ops.on_nfs_server = functools.partial(_served_over_nfs, point, record)
         opts = fuse_options(place.name, options)
         # Resolved before mounting: once mounted, any stat of the mount point waits for the
         # event loop, which has not started yet.
@@ -142,7 +141,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
                 sock.close()
             raise UserError(f"cannot mount {mountpoint}: {e}") from e
         # (the mount is in the kernel's table once init returns)
-        notes = _export_device_changed(point, record) if NFS_EXPORT in options else []
+        notes = _exported(ops, point, record) if NFS_EXPORT in options else []
         try:
             with open(pf, "w") as f:
                 f.write(f"{os.getpid()}\n")
@@ -186,16 +185,20 @@ def _tune_read_ahead(mountpoint: str) -> None:
         log.info("%s", why)
 
 
-def _export_device_changed(mountpoint: str, device_record: str) -> list[str]:
-    """An exported mount whose device number is not the one its NFS server last served it
-    under (kept in ``device_record``): the handles that server's clients hold are stale.
-    The warning, logged; none when the number is the same or was never recorded."""
+def _exported(ops: Operations, mountpoint: str, device_record: str) -> list[str]:
+    """An exported mount's device number, read once: when it is not the one its NFS server
+    last served it under (kept in ``device_record``), the handles that server's clients hold
+    are stale (the warning, logged and returned), and the server's first request here keeps
+    the new number."""
     try:
         served, now = mounttable.recorded_device(device_record), mounttable.device(mountpoint)
     except OSError as e:
         log.warning("nfs_export: the device number NFS clients last saw is unknown: %s", e)
         return []
-    if served is None or now is None or served == now:
+    if now is None or served == now:
+        return []
+    ops.on_nfs_server = functools.partial(_served_over_nfs, device_record, now)
+    if served is None:
         return []
     note = (f"nfs_export: the device number of {mountpoint} is {now}, NFS clients last saw "
             f"{served}: the file handles they hold are stale, and they must mount again "
@@ -205,13 +208,11 @@ def _export_device_changed(mountpoint: str, device_record: str) -> list[str]:
     return [note]
 
 
-def _served_over_nfs(mountpoint: str, device_record: str) -> None:
+def _served_over_nfs(device_record: str, number: str) -> None:
     """The NFS server's first request on this mount: its clients' handles carry the mount's
-    device number from now on (kept in ``device_record``)."""
+    device number ``number`` from now on (kept in ``device_record``)."""
     try:
-        now = mounttable.device(mountpoint)
-        if now is not None and now != mounttable.recorded_device(device_record):
-            mounttable.record_device(device_record, now)
+        mounttable.record_device(device_record, number)
     except OSError as e:
         log.warning("nfs_export: the device number NFS clients see was not recorded: %s", e)
 
