@@ -685,6 +685,76 @@ async def test_an_upload_whose_early_sync_failed_is_never_published(
     await fs.ops.unlink(fs[State.PARTIAL], b"big", Ctx())
 
 
+async def test_a_small_publish_waiting_for_early_syncs_leaves_the_loop_free(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload written large, cut small and published at once is sealed from memory; once
+    the daemon has seen a sync fail, the seal waits for the syncs of the old bytes still
+    under way (a failed one refuses it). That wait is in a worker thread: the mount's other
+    requests go on meanwhile."""
+    import threading
+
+    import trio
+
+    from spoolfs.blobs import writeback
+    from spoolfs.service import content
+
+    release, events = threading.Event(), []
+
+    def slow_failing(fd: int) -> None:
+        events.append("early sync")
+        release.wait(10)
+        raise OSError(errno.EIO, "Input/output error")
+
+    wb = writeback.Writeback(sync=slow_failing)
+    monkeypatch.setattr(content, "WRITEBACK", wb)
+    monkeypatch.setattr(content, "SYNC_STEP", writeback.STEP)
+    wb.failed("another upload")  # this daemon saw a sync fail before
+    await _upload(fs, b"big", writeback.STEP)
+    attr = await fs.ops.lookup(fs[State.PARTIAL], b"big", Ctx())
+    fields = SimpleNamespace(update_size=True, update_mode=False, update_uid=False,
+                             update_gid=False, update_atime=False, update_mtime=False)
+    await fs.ops.setattr(attr.st_ino, SimpleNamespace(st_size=10), fields, None, Ctx())
+
+    async def answered_then_released() -> None:
+        await _lookup_once_started(fs, events, "early sync")
+        release.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(answered_then_released)
+            assert await _errno_of(fs.ops.rename(fs[State.PARTIAL], b"big", fs[State.READY],
+                                                 b"big", 0, Ctx())) == errno.EIO
+            events.append("publish refused")
+    assert events == ["early sync", "lookup answered", "publish refused"]
+
+
+async def test_a_sync_failing_after_its_upload_went_is_forgotten(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload removed while its early sync runs: if that sync then fails, nothing of the
+    failure stays in the daemon's memory (every later seal would ask for it)."""
+    import threading
+
+    from spoolfs.blobs import writeback
+    from spoolfs.service import content
+
+    release, started = threading.Event(), threading.Event()
+
+    def slow_failing(fd: int) -> None:
+        started.set()
+        release.wait(10)
+        raise OSError(errno.EIO, "Input/output error")
+
+    wb = writeback.Writeback(sync=slow_failing)
+    monkeypatch.setattr(content, "WRITEBACK", wb)
+    monkeypatch.setattr(content, "SYNC_STEP", writeback.STEP)
+    await _upload(fs, b"big", writeback.STEP)
+    assert started.wait(10)
+    await fs.ops.unlink(fs[State.PARTIAL], b"big", Ctx())
+    release.set()
+    wb.drain()
+    assert not wb.any_failed()
+
+
 def _failing_once(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
     """``os.<name>`` fails once with EIO, as the kernel reports a lost writeback; what is left
     of the failure (empty once it happened)."""

@@ -309,3 +309,33 @@ def test_a_mark_that_cannot_be_cleared_leaves_the_cut_made(
         assert "could not be cleared" in caplog.text
     finally:
         os.close(fd)
+
+
+def test_a_failure_of_a_key_forgotten_while_its_sync_ran_is_not_kept(tmp_path: Path) -> None:
+    """The upload went while its sync was under way (``forget``): the sync's failure, when it
+    comes, is not kept, and the key is asked about no more."""
+    release = threading.Event()
+
+    def slow_failing_sync(fd: int) -> None:
+        release.wait(10)
+        raise OSError(5, "Input/output error")
+
+    wb = Writeback(Recorder(), slow_failing_sync)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        wb.kick(fd, 0, MIB, "k")
+        wb.kick(fd, MIB, MIB, "k")
+    finally:
+        os.close(fd)
+    assert wb.any_pending()
+    wb.forget("k")
+    release.set()
+    wb.drain()
+    assert not wb.any_failed() and not wb.any_pending() and not wb.sync_failed("k")
+    fd = os.open(tmp_path / "f", os.O_RDWR, 0o600)  # a key used again is watched again
+    try:
+        wb.kick(fd, 0, MIB, "k")
+    finally:
+        os.close(fd)
+    wb.drain()
+    assert wb.sync_failed("k")

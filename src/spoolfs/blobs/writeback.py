@@ -124,6 +124,8 @@ class Writeback:
         self._syncs = threading.Condition(threading.Lock())
         self._pending: dict[Hashable, int] = {}
         self._failed: set[Hashable] = set()
+        #: keys forgotten while a sync of theirs was queued or under way
+        self._gone: set[Hashable] = set()
 
     def kick(self, fd: int, off: int, length: int, sync_key: Hashable | None = None) -> None:
         """Have ``length`` bytes from ``off`` of the file open on ``fd`` written back soon
@@ -171,10 +173,17 @@ class Writeback:
         """Whether any sync failure is kept (read without the lock: a hint)."""
         return bool(self._failed)
 
+    def any_pending(self) -> bool:
+        """Whether any early sync is queued or under way (read without the lock: a hint)."""
+        return bool(self._pending)
+
     def forget(self, key: Hashable) -> None:
-        """The upload under ``key`` is gone: no sync of it is asked about any more."""
+        """The upload under ``key`` is gone: no sync of it is asked about any more, and a
+        failure of one still queued or under way is not kept."""
         with self._syncs:
             self._failed.discard(key)
+            if key in self._pending:
+                self._gone.add(key)
 
     def _run(self) -> None:
         assert self._start is not None
@@ -210,8 +219,10 @@ class Writeback:
             left = self._pending.pop(key) - 1
             if left:
                 self._pending[key] = left
-            if failed:
+            if failed and key not in self._gone:
                 self._failed.add(key)
+            if not left:
+                self._gone.discard(key)
             self._syncs.notify_all()
 
     def drain(self) -> None:

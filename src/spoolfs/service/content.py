@@ -407,6 +407,13 @@ class Content:
         cut.make()
         return None
 
+    @staticmethod
+    def seal_may_wait() -> bool:
+        """Whether a seal of even a small upload may wait for the disk: once a sync failure is
+        kept, it waits for its upload's early syncs still queued or under way (an upload
+        written large and cut small has some) before it answers."""
+        return WRITEBACK.any_failed()
+
     def seal(self, entry_id: int) -> Sealed:
         """Hash and fsync an upload's staging file (blocking: run off the event loop for big
         files; a large one is synced while it is hashed). The file stays where it is until
@@ -512,7 +519,8 @@ class Content:
                 reader = None
                 if kind == "staging":
                     reader = self.forget(cast(int, what))
-                    if WRITEBACK.any_failed():  # (rare: no path made for every removal)
+                    # (rare: no path made for every removal)
+                    if WRITEBACK.any_failed() or WRITEBACK.any_pending():
                         WRITEBACK.forget(self.staging.path(cast(int, what)))
                     if open_here:
                         self.staging.remove(cast(int, what))

@@ -314,7 +314,7 @@ class Publishing(SpoolCore):
             return await trio.to_thread.run_sync(self.content.seal_and_store, e.id,
                                                  self.store.reserve_blob_id, self.r,
                                                  limiter=self.limiter)
-        if self.size_of(e) > self.content.inline_max:
+        if self.size_of(e) > self.content.inline_max or self.content.seal_may_wait():
             return await trio.to_thread.run_sync(self.content.seal, e.id)
         return self.content.seal(e.id)
 
