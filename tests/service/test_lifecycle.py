@@ -587,9 +587,13 @@ async def test_retention_keeps_shared_content_and_pending_retries(env: Env) -> N
     await lc.step()  # r expires, retry due in an hour
     assert spool.get(r).state is State.ERROR and spool.get(r).retry_ns is not None
     clock.advance(2 * MIN)
+    stale: list[int] = []
+    spool.on_stale = stale.extend
     assert await lc.purge() == 1  # a only: r waits for its retry
     with pytest.raises(NotFound):
         spool.get(a)
+    assert stale == [b]  # its link count fell: the kernel must ask again
+    assert spool.nlink_of(spool.get(b)) == 1
     assert spool.get(r).state is State.ERROR
     assert len(list(spool.content.blobs.walk())) == 1  # b still holds the shared content
     h = spool.content.open(spool.r, spool.get(b), False)

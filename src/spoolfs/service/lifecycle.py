@@ -179,6 +179,7 @@ class Lifecycle:
     async def _purge(self, queue: int, state: State, cutoff: int) -> int:
         old = self.spool.r.finished_before(queue, state, cutoff, BATCH)
         cleanup: dict[int, list[tuple[str, object]]] = {}
+        shared: dict[int, int] = {}  # purged message -> its content, others sharing it
 
         def purge(seen: Entry, tx: WriteTx) -> tuple[int, bytes] | None:
             cur = tx.get(seen.id)
@@ -186,11 +187,15 @@ class Lifecycle:
                     or cur.retry_ns is not None or cur.parent is None):
                 return None
             cleanup[cur.id] = []
+            if cur.blob is not None and (cur.refs or 1) > 1:
+                shared[cur.id] = cur.blob
             self.spool.delete_message(tx, cur, cleanup[cur.id])
             tx.drop_history(cur.id)
             return cur.parent, cur.name
 
         purged = await self._each("purge", old, purge)
+        for blob_id in dict.fromkeys(shared[i] for i in purged if i in shared):
+            self.spool.link_counts_changed(blob_id)
         for entry_id in purged:  # files go only once the deletion committed
             await self.spool.removed(cleanup[entry_id])
         n = len(purged)

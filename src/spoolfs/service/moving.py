@@ -153,7 +153,7 @@ class Moving(Uploads):
         log.debug("%s %s %r -> %s %r", action.value, src_kind.value, name, dst_kind.value, new_name)
         if left:
             self.on_gone(new_parent, new_name)
-            self._link_counts_changed(self.get(src.id).blob)
+            self.link_counts_changed(self.get(src.id).blob)
         await self.removed(cleanup)  # (told first: this may wait for the disk)
         return defer
 
@@ -246,7 +246,7 @@ class Moving(Uploads):
             apply(tx, cur, action, None, Context(now), (who.uid, who.pid))
 
         await self.tx(fn)
-        self._link_counts_changed(e.blob)
+        self.link_counts_changed(e.blob)
         await self.removed(cleanup)
 
     async def link(self, entry_id: int, new_parent: int, new_name: bytes, who: Who) -> Entry:
@@ -305,7 +305,7 @@ class Moving(Uploads):
         e = await self.tx(fn, durable=action in rules.DURABLE)
         if left:
             self.on_gone(new_parent, new_name)
-        self._link_counts_changed(e.blob)
+        self.link_counts_changed(e.blob)
         if sealed is not None:
             await self.removed([("staging", src.id)])
         return e

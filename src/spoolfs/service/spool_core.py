@@ -370,7 +370,9 @@ class SpoolCore:
         for entry_id in list(self._open):
             await self._lease_from_now(entry_id, only_if_due=True)
 
-    def _link_counts_changed(self, blob_id: int | None) -> None:
+    def link_counts_changed(self, blob_id: int | None) -> None:
+        """A message sharing this content came or went: the others' counts changed (the
+        kernel is told of those it may hold, ``on_stale``)."""
         if blob_id is not None:
             self.on_stale(self.r.sharing(blob_id, self.STALE_MAX))
 
