@@ -9,6 +9,7 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable
+from pathlib import Path
 from time import monotonic
 from types import SimpleNamespace
 
@@ -625,6 +626,44 @@ async def test_a_read_from_the_disk_leaves_the_other_requests_answered(
     assert bytes(await fs.ops.read(fi.fh, len(data) - 5, 100)) == data[-5:]  # the end
     assert events == []
     await fs.ops.release(fi.fh)
+
+
+def test_a_range_with_a_page_not_cached_is_read_off_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_cached`` answers only a range the page cache holds whole: one whose first and
+    last pages are cached but not a page between (evicted, or read by another reader at both
+    ends) goes to a worker thread, as a range not cached at all does. At the end of the file
+    a short answer is the whole answer."""
+    from spoolfs.service.content import Handle
+
+    page = 4096
+    data = os.urandom(8 * page + 100)
+    (tmp_path / "f").write_bytes(data)
+    hole = range(3 * page, 4 * page)  # not in the page cache
+    real_preadv = os.preadv
+
+    def preadv(fd: int, bufs: list[bytearray], off: int, flags: int = 0) -> int:
+        if not flags & os.RWF_NOWAIT:
+            return real_preadv(fd, bufs, off, flags)
+        if off in hole:
+            raise BlockingIOError(errno.EAGAIN, "not cached")
+        if off < hole.start:  # as the kernel does: what is cached before the first page not
+            (buf,) = bufs
+            return real_preadv(fd, [memoryview(buf)[:hole.start - off]], off, flags)
+        return real_preadv(fd, bufs, off, flags)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        h = Handle(1, fd, None, False)
+        assert h.read_cached(0, 8 * page) is None  # its ends cached, the hole between
+        assert h.read_cached(hole.start + 10, page) is None
+        assert bytes(h.read_cached(0, 3 * page) or b"") == data[:3 * page]
+        assert bytes(h.read_cached(5 * page, 1 << 20) or b"") == data[5 * page:]  # the end
+        assert h.read_cached(len(data), page) == b""  # past the end: nothing, at once
+        assert h.read(0, 8 * page) == data[:8 * page]  # the thread's read: the disk's
+    finally:
+        os.close(fd)
 
 
 async def _upload(fs: Fs, name: bytes, size: int) -> None:

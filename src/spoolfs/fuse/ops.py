@@ -559,7 +559,9 @@ class Operations(pyfuse3.Operations):
                                 direct_io=self._writes_direct(h))
 
     @_guard
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    # pyfuse3 replies with any contiguous buffer (its read handler takes the buffer of what
+    # this returns), though its stub says bytes: a read from the page cache is no copy more
+    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
         h = self._handles[fh]
         if virtual.is_virtual(h.entry_id):
             return h.read(off, size)
