@@ -628,6 +628,52 @@ async def test_a_read_from_the_disk_leaves_the_other_requests_answered(
     await fs.ops.release(fi.fh)
 
 
+async def test_opening_content_whose_path_is_not_cached_leaves_the_other_requests_answered(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message's content file whose path the kernel no longer caches (a store of many
+    contents, a cold disk) is looked up on the disk: it is opened in a worker thread, and a
+    lookup is answered meanwhile. A path in the cache is opened at once, on the loop."""
+    import threading
+    import time
+
+    import trio
+
+    from spoolfs.blobs import opening
+
+    data = os.urandom(64 * 1024)  # past the inline size: a blob file
+    ino = await fs.upload(fs[State.READY], b"m", data)
+    events: list[str] = []
+    real_open, real_cached = os.open, opening.open_cached
+
+    def cold(path: str, flags: int = os.O_RDONLY) -> int | None:
+        events.append("cached open tried")
+        return None  # as RESOLVE_CACHED says of a path not in the cache
+
+    def slow_open(path: str, flags: int, mode: int = 0o777) -> int:
+        if "/blobs/" in str(path):
+            events.append("disk open " + ("on the loop" if threading.current_thread()
+                                          is threading.main_thread() else "in a thread"))
+            time.sleep(0.2)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(opening, "open_cached", cold)
+    monkeypatch.setattr(os, "open", slow_open)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(_lookup_once_started, fs, events, "disk open")
+            fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())
+    assert events == ["cached open tried", "disk open in a thread", "lookup answered"]
+    assert bytes(await fs.ops.read(fi.fh, 0, len(data))) == data
+    await fs.ops.release(fi.fh)
+
+    monkeypatch.setattr(opening, "open_cached", real_cached)  # the kernel's own answer: the
+    events.clear()  # path was just looked up
+    fi = await fs.ops.open(ino, os.O_RDONLY, Ctx())
+    assert events == []  # opened through openat2, on the loop
+    assert bytes(await fs.ops.read(fi.fh, 0, len(data))) == data
+    await fs.ops.release(fi.fh)
+
+
 def test_a_range_with_a_page_not_cached_is_read_off_the_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``read_cached`` answers only a range the page cache holds whole: one whose first and

@@ -13,7 +13,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import cast
 
-from spoolfs.blobs import StagingDir, freeing, hash_file
+from spoolfs.blobs import StagingDir, freeing, hash_file, opening
 from spoolfs.blobs.base import BlobStore
 from spoolfs.blobs.running import RunningHash, keeps_marks, mark_reopened
 from spoolfs.blobs.writeback import (
@@ -297,6 +297,19 @@ class Content:
              ) -> Handle:
         """A handle on the message's content; ``blob``: its blob row, when the caller read
         it already (``fetch``)."""
+        h = self._open(r, entry, writable, blob, cached_only=False)
+        assert h is not None  # (only a cached-only open leaves it to another thread)
+        return h
+
+    def open_cached(self, r: ReadTx, entry: Entry, writable: bool, blob: Blob | None = None
+                    ) -> Handle | None:
+        """``open`` for the event loop: None where the content's file would be looked up on
+        the disk (its path not in the kernel's cache: blobs/opening.py), for a worker thread
+        to ``open``."""
+        return self._open(r, entry, writable, blob, cached_only=True)
+
+    def _open(self, r: ReadTx, entry: Entry, writable: bool, blob: Blob | None,
+              cached_only: bool) -> Handle | None:
         if entry.staged:
             fd = self._staging_file(entry.id)
             h = Handle(entry.id, fd, None, writable, sealed=False)
@@ -320,11 +333,12 @@ class Content:
             raise StoreFailure(f"content of message {entry.id} is missing")
         if blob.data is not None:
             return Handle(entry.id, None, bytes(blob.data), False)
+        path = self.blobs.path(blob.sha256, blob.id)
         try:
-            fd = os.open(self.blobs.path(blob.sha256, blob.id), os.O_RDONLY)
+            got = opening.open_cached(path) if cached_only else os.open(path, os.O_RDONLY)
         except OSError as e:
             raise StoreFailure(f"blob file of message {entry.id}: {e}") from e
-        return Handle(entry.id, fd, None, False)
+        return None if got is None else Handle(entry.id, got, None, False)
 
     @contextmanager
     def _staging_errors(self, entry_id: int) -> Iterator[None]:

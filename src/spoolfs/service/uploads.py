@@ -226,7 +226,13 @@ class Uploads(Publishing):
         if self.content.blobs.remote and not e.staged and e.blob is not None:
             blob = await trio.to_thread.run_sync(self.content.fetch, self.r, e,
                                                  limiter=self.limiter)
-        return self.content.open(self.r, e, writable, blob)
+        h = self.content.open_cached(self.r, e, writable, blob)
+        if h is None:  # its file's path is not in the kernel's cache: looked up on the disk
+            if blob is None:  # (read here: the thread need not query)
+                blob = self.r.blob(e.blob) if e.blob is not None else None
+            h = await trio.to_thread.run_sync(self.content.open, self.r, e, writable, blob,
+                                              limiter=self.limiter)
+        return h
 
     def _check_modify(self, e: Entry) -> None:
         if e.kind == MEMBER:
