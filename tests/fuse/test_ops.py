@@ -674,6 +674,41 @@ async def test_opening_content_whose_path_is_not_cached_leaves_the_other_request
     await fs.ops.release(fi.fh)
 
 
+async def test_content_removed_while_a_thread_opens_it_is_enoent(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a worker thread opens a content file whose path was not cached, the loop goes
+    on: an ``rm`` of that message may commit and remove the file first. The open then says
+    what a lookup would (ENOENT), not EIO."""
+    import threading
+
+    import trio
+
+    from spoolfs.blobs import opening
+    from spoolfs.service.content import Content
+
+    ino = await fs.upload(fs[State.READY], b"m", os.urandom(64 * 1024))  # a blob file
+    removed, opening_started = threading.Event(), threading.Event()
+    real_open = Content.open
+
+    def open_after_rm(self: Content, *args: object) -> object:
+        opening_started.set()
+        assert removed.wait(10)
+        return real_open(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(opening, "open_cached", lambda path, flags=os.O_RDONLY: None)
+    monkeypatch.setattr(Content, "open", open_after_rm)
+
+    async def rm_meanwhile() -> None:
+        await trio.to_thread.run_sync(opening_started.wait, 10)
+        await fs.ops.unlink(fs[State.READY], b"m", Ctx())
+        removed.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(rm_meanwhile)
+            assert await _errno_of(fs.ops.open(ino, os.O_RDONLY, Ctx())) == errno.ENOENT
+
+
 def test_a_range_with_a_page_not_cached_is_read_off_the_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``read_cached`` answers only a range the page cache holds whole: one whose first and

@@ -5,8 +5,8 @@ blocks (``blobs/ab/cd/`` and the file's inode): milliseconds each on a slow or c
 while every request of the mount waits. In a store of many contents most paths fall out of
 the cache between reads. ``openat2`` with ``RESOLVE_CACHED`` (Linux 5.12) opens only a path
 the cache holds whole, and says EAGAIN otherwise: the caller then opens it in a worker
-thread. Where the kernel lacks it (ENOSYS, or EINVAL for the flag), files are opened as
-before, on the caller's thread, and the log says so once.
+thread. Where the kernel lacks it (ENOSYS; EINVAL for the flag) or a sandbox refuses the
+call (EPERM), files are opened as before, on the caller's thread, and the log says so once.
 """
 
 from __future__ import annotations

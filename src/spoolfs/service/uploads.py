@@ -230,8 +230,12 @@ class Uploads(Publishing):
         if h is None:  # its file's path is not in the kernel's cache: looked up on the disk
             if blob is None:  # (read here: the thread need not query)
                 blob = self.r.blob(e.blob) if e.blob is not None else None
-            h = await trio.to_thread.run_sync(self.content.open, self.r, e, writable, blob,
-                                              limiter=self.limiter)
+            try:
+                h = await trio.to_thread.run_sync(self.content.open, self.r, e, writable,
+                                                  blob, limiter=self.limiter)
+            except StoreFailure:
+                self.get(e.id)  # removed meanwhile, its file with it: NotFound, as a lookup
+                raise
         return h
 
     def _check_modify(self, e: Entry) -> None:
