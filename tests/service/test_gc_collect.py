@@ -81,7 +81,7 @@ async def test_collect_removes_each_kind_and_nothing_live(env: Env) -> None:
     # an hour later the files go too
     r = gc.collect(str(store), now_ns=time.time_ns() + LATER)
     assert (r.blob_rows, r.blob_files, r.staging_files, r.young) == (0, 1, 1, 0)
-    assert not os.path.exists(loose) and spool.content.staging.ids() == [e.id]
+    assert not os.path.exists(loose) and list(spool.content.staging.ids()) == [e.id]
     assert "removed 0 unreferenced blob row(s), 1 orphan blob file(s)" in r.summary()
     # nothing live was touched
     r = gc.collect(str(store), grace_ns=0)

@@ -202,3 +202,28 @@ async def test_files_go_into_their_ids_buckets(tmp_path: Path) -> None:
     assert os.path.dirname(staging.path(4095)) != os.path.dirname(staging.path(4096))
     pool.close()
     assert files(staging) == set()
+
+
+def test_staging_ids_are_read_a_bucket_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc and fsck page through the staging files' ids: the names of a million uploads left
+    in ``partial/`` are never held at once, only a bucket's (and a flat-layout file or a
+    bucket gone meanwhile is passed over)."""
+    staging = StagingDir(str(tmp_path / "staging"))
+    per_bucket = 1 << StagingDir.BUCKET_BITS
+    ids = [1, 2, per_bucket + 1, 2 * per_bucket + 5]
+    for i in ids:
+        os.close(staging.open(i, create=True))
+    (tmp_path / "staging" / "7").write_bytes(b"")  # a file among the buckets
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def listdir(path: str) -> list[str]:
+        listed.append(os.path.relpath(path, tmp_path / "staging"))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    it = staging.ids()
+    first = next(it)
+    assert len(listed) == 2  # the buckets, and the first bucket's names only
+    assert sorted([first, *it]) == ids

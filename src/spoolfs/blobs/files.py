@@ -330,13 +330,15 @@ class StagingDir:
         (blobs/freeing.py)."""
         return freeing.detach(self.path(entry_id))
 
-    def ids(self) -> list[int]:
-        out = []
+    def ids(self) -> Iterator[int]:
+        """The ids of the staging files, a bucket at a time: gc and fsck hold a bucket's
+        names (``BUCKET_BITS``) and their page, however many uploads are left in ``partial/``."""
         for b in os.listdir(self.root):
             d = os.path.join(self.root, b)
-            if not os.path.isdir(d):
+            try:
+                names = os.listdir(d)
+            except (NotADirectoryError, FileNotFoundError):
                 continue
-            for f in os.listdir(d):
+            for f in names:
                 if f.isdigit():
-                    out.append(int(f))
-        return out
+                    yield int(f)
