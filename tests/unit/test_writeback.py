@@ -339,3 +339,25 @@ def test_a_failure_of_a_key_forgotten_while_its_sync_ran_is_not_kept(tmp_path: P
         os.close(fd)
     wb.drain()
     assert wb.sync_failed("k")
+
+
+def test_a_sync_queued_after_forget_still_counts(tmp_path: Path) -> None:
+    """``forget`` at a cut to nothing: only the syncs of the bytes before it are let go; a
+    sync kicked after it, while those still wait, keeps its failure."""
+    release = threading.Event()
+
+    def slow_failing_sync(fd: int) -> None:
+        release.wait(10)
+        raise OSError(5, "Input/output error")
+
+    wb = Writeback(Recorder(), slow_failing_sync)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        wb.kick(fd, 0, MIB, "k")  # the bytes before the cut
+        wb.forget("k")
+        wb.kick(fd, 0, MIB, "k")  # written again after it
+    finally:
+        os.close(fd)
+    release.set()
+    wb.drain()
+    assert wb.sync_failed("k")

@@ -18,7 +18,7 @@ import os
 
 log = logging.getLogger(__name__)
 
-SYS_OPENAT2 = 437  # the same number on every architecture (the generic table, Linux 5.6)
+SYS_OPENAT2 = 437  # x86-64, arm64 and the other generic tables (elsewhere: ENOSYS, below)
 RESOLVE_CACHED = 0x20
 AT_FDCWD = -100
 
@@ -33,7 +33,8 @@ _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 _supported = True
 #: (O_CLOEXEC: not inherited by children, as os.open's descriptors)
-_READ = ctypes.byref(_OpenHow(os.O_RDONLY | os.O_CLOEXEC, 0, RESOLVE_CACHED))
+_EXTRA = os.O_CLOEXEC | getattr(os, "O_LARGEFILE", 0)  # (0 on 64-bit: glibc's open adds it)
+_READ = ctypes.byref(_OpenHow(os.O_RDONLY | _EXTRA, 0, RESOLVE_CACHED))
 _HOW_SIZE = ctypes.sizeof(_OpenHow)
 
 
@@ -46,7 +47,7 @@ def open_cached(path: str, flags: int = os.O_RDONLY) -> int | None:
     if not _supported:
         return os.open(path, flags)
     how = _READ if flags == os.O_RDONLY else \
-        ctypes.byref(_OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_CACHED))  # not inherited
+        ctypes.byref(_OpenHow(flags | _EXTRA, 0, RESOLVE_CACHED))
     fd: int = _syscall(SYS_OPENAT2, AT_FDCWD, os.fsencode(path), how, _HOW_SIZE)
     if fd >= 0:
         return fd

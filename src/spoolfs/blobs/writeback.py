@@ -124,8 +124,9 @@ class Writeback:
         self._syncs = threading.Condition(threading.Lock())
         self._pending: dict[Hashable, int] = {}
         self._failed: set[Hashable] = set()
-        #: keys forgotten while a sync of theirs was queued or under way
-        self._gone: set[Hashable] = set()
+        #: keys forgotten while syncs of theirs were queued or under way: how many of those
+        #: are left (the thread takes kicks in order: they are the key's next to end)
+        self._gone: dict[Hashable, int] = {}
 
     def kick(self, fd: int, off: int, length: int, sync_key: Hashable | None = None) -> None:
         """Have ``length`` bytes from ``off`` of the file open on ``fd`` written back soon
@@ -183,7 +184,7 @@ class Writeback:
         with self._syncs:
             self._failed.discard(key)
             if key in self._pending:
-                self._gone.add(key)
+                self._gone[key] = self._pending[key]
 
     def _run(self) -> None:
         assert self._start is not None
@@ -219,10 +220,11 @@ class Writeback:
             left = self._pending.pop(key) - 1
             if left:
                 self._pending[key] = left
-            if failed and key not in self._gone:
+            before = self._gone.pop(key, 0)  # a sync of what was there before ``forget``
+            if before > 1:
+                self._gone[key] = before - 1
+            if failed and not before:
                 self._failed.add(key)
-            if not left:
-                self._gone.discard(key)
             self._syncs.notify_all()
 
     def drain(self) -> None:

@@ -230,11 +230,15 @@ class Uploads(Publishing):
         if h is None:  # its file's path is not in the kernel's cache: looked up on the disk
             if blob is None:  # (read here: the thread need not query)
                 blob = self.r.blob(e.blob) if e.blob is not None else None
-            try:
-                h = await trio.to_thread.run_sync(self.content.open, self.r, e, writable,
-                                                  blob, limiter=self.limiter)
+            try:  # (not behind the store's transfers: the default limiter)
+                h = await trio.to_thread.run_sync(self.content.open, self.r, e, writable, blob)
             except StoreFailure:
                 self.get(e.id)  # removed meanwhile, its file with it: NotFound, as a lookup
+                raise
+            try:
+                self.get(e.id)  # removed meanwhile, its file still there (shared): the same
+            except NotFound:
+                h.close()
                 raise
         return h
 
