@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -311,32 +312,37 @@ def test_a_mark_that_cannot_be_cleared_leaves_the_cut_made(
         os.close(fd)
 
 
+def _slow_failing(release: threading.Event) -> Callable[[int], None]:
+    """A sync that waits for ``release``, then fails as a lost writeback does."""
+    def sync(fd: int) -> None:
+        release.wait(10)
+        raise OSError(5, "Input/output error")
+    return sync
+
+
+def _kicks(wb: Writeback, path: Path, *steps: Callable[[int], None]) -> None:
+    """Each step given the file's descriptor in turn (kicks, and what happens between)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        for step in steps:
+            step(fd)
+    finally:
+        os.close(fd)
+
+
 def test_a_failure_of_a_key_forgotten_while_its_sync_ran_is_not_kept(tmp_path: Path) -> None:
     """The upload went while its sync was under way (``forget``): the sync's failure, when it
     comes, is not kept, and the key is asked about no more."""
     release = threading.Event()
-
-    def slow_failing_sync(fd: int) -> None:
-        release.wait(10)
-        raise OSError(5, "Input/output error")
-
-    wb = Writeback(Recorder(), slow_failing_sync)
-    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        wb.kick(fd, 0, MIB, "k")
-        wb.kick(fd, MIB, MIB, "k")
-    finally:
-        os.close(fd)
+    wb = Writeback(Recorder(), _slow_failing(release))
+    _kicks(wb, tmp_path / "f", lambda fd: wb.kick(fd, 0, MIB, "k"),
+           lambda fd: wb.kick(fd, MIB, MIB, "k"))
     assert wb.any_pending()
     wb.forget("k")
     release.set()
     wb.drain()
     assert not wb.any_failed() and not wb.any_pending() and not wb.sync_failed("k")
-    fd = os.open(tmp_path / "f", os.O_RDWR, 0o600)  # a key used again is watched again
-    try:
-        wb.kick(fd, 0, MIB, "k")
-    finally:
-        os.close(fd)
+    _kicks(wb, tmp_path / "f", lambda fd: wb.kick(fd, 0, MIB, "k"))  # used again: watched
     wb.drain()
     assert wb.sync_failed("k")
 
@@ -345,19 +351,9 @@ def test_a_sync_queued_after_forget_still_counts(tmp_path: Path) -> None:
     """``forget`` at a cut to nothing: only the syncs of the bytes before it are let go; a
     sync kicked after it, while those still wait, keeps its failure."""
     release = threading.Event()
-
-    def slow_failing_sync(fd: int) -> None:
-        release.wait(10)
-        raise OSError(5, "Input/output error")
-
-    wb = Writeback(Recorder(), slow_failing_sync)
-    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        wb.kick(fd, 0, MIB, "k")  # the bytes before the cut
-        wb.forget("k")
-        wb.kick(fd, 0, MIB, "k")  # written again after it
-    finally:
-        os.close(fd)
+    wb = Writeback(Recorder(), _slow_failing(release))
+    _kicks(wb, tmp_path / "f", lambda fd: wb.kick(fd, 0, MIB, "k"),  # the bytes before the cut
+           lambda fd: wb.forget("k"), lambda fd: wb.kick(fd, 0, MIB, "k"))  # written again
     release.set()
     wb.drain()
     assert wb.sync_failed("k")
