@@ -21,7 +21,7 @@ from spoolfs.blobs.files import CHUNK, BlobDir, StagingDir
 from spoolfs.blobs.running import STEP as HASH_STEP
 from spoolfs.core.errors import Exists, NotEmpty, NotFound, NotPermitted, StoreFailure
 from spoolfs.core.rules import State
-from spoolfs.service import batches
+from spoolfs.service import batches, recovery
 from spoolfs.service import content as content_module
 from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
@@ -30,7 +30,7 @@ from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.base import StoreBusy
 from spoolfs.store.registry import open_store as open_any
 from spoolfs.store.site import Place
-from spoolfs.store.sqlite import open_store
+from spoolfs.store.sqlite import SqliteRead, open_store
 from spoolfs.store.sqlite_maint import SqliteGcTx
 
 
@@ -259,6 +259,52 @@ async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -
     assert Fsck(str(tmp_path)).run() == []
 
 
+async def test_recovery_holds_a_page_of_what_it_judges(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store with a million uploads left in ``partial/`` (each a staged row and a staging
+    file) mounts holding a page of them: the staged rows, the staged ids among the staging
+    files, and the unreferenced blob rows are each read a page at a time."""
+    monkeypatch.setattr(recovery, "PAGE", 3)
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    qe = await spool.mkdir(1, b"q", 0o755, WHO)
+    q = Q(spool, qe.id)
+    for i in range(7):  # uploads into ready/ whose daemon died: no release
+        _, h = await spool.create(q[State.READY], b"x%d" % i, 0o644, WHO)
+        spool.write(h, 0, b"half")
+        h.close()
+    for i in range(2):  # uploads left in partial/: staged, and not recovery's to move
+        await upload(spool, q[State.PARTIAL], b"p%d" % i, b"kept")
+    for i in range(5):  # staging files no row names
+        open(os.path.join(tmp_path, "staging", str(99_990 + i)), "w").close()
+    for i in range(4):  # blob rows no message holds
+        spool.store.run_batch([lambda tx, i=i: tx.blob_insert(bytes([i]) * 32, 1, b"%d" % i)], True)
+    store.close()
+
+    read: list[int] = []
+
+    def counted(method: Callable[..., Any], sizes: Callable[[Any, Any], int]) -> Any:
+        def call(self: Any, *args: Any) -> Any:
+            got = method(self, *args)
+            read.append(sizes(args, got))
+            return got
+        return call
+    for method in ("unclosed_uploads", "unreferenced_blobs"):
+        monkeypatch.setattr(SqliteRead, method, counted(getattr(SqliteRead, method),
+                                                        lambda args, got: len(got)))
+    monkeypatch.setattr(SqliteRead, "staged_among", counted(SqliteRead.staged_among,
+                                                            lambda args, got: len(args[0])))
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    counts = recover(spool)
+    assert counts == {"uploads_to_partial": 7, "staging_orphans": 5, "blobs_freed": 4}
+    assert read and max(read) <= 3
+    assert sorted(e.name for e in spool.listdir(q[State.PARTIAL])) == \
+        [b"p0", b"p1"] + [b"x%d" % i for i in range(7)]
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []
+
+
 async def test_recovery_looks_for_orphan_blob_files_once_the_mount_serves(
         tmp_path: Path) -> None:
     """Recovery walks every blob file (one per content kept in a file: a deep queue of large
@@ -368,9 +414,10 @@ async def test_recovery_never_takes_an_upload_published_since_it_looked(tmp_path
     other = Spool(other_store, str(tmp_path))
     e, h = await spool.create(q[State.READY], b"x", 0o644, WHO)
     spool.write(h, 0, b"whole")
-    listed = other.r.staged_entries()  # recovery's list: x is a hidden upload here
+    listed = other.r.unclosed_uploads(0, 500)  # recovery's page: x is a hidden upload here
     await spool.close(h, WHO)  # ... and its writer closes it: published
-    other.r.staged_entries = lambda: listed  # type: ignore[method-assign]
+    other.r.unclosed_uploads = (  # type: ignore[method-assign]
+        lambda after, limit: [e for e in listed if e.id > after][:limit])
     counts = recover(other)
     assert counts["uploads_to_partial"] == 0
     assert spool.lookup(q[State.READY], b"x").size == 5

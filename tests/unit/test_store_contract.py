@@ -322,3 +322,31 @@ def test_an_insert_returns_the_row_as_it_is_read(store: Store) -> None:
     made, read = one(store, both)
     assert made == read and made.refs == read.refs
     assert made == store.reader().get(made.id)
+
+
+def test_what_recovery_judges_is_read_in_pages_by_id(store: Store) -> None:
+    """Recovery reads the unclosed uploads, the staged ids among a page of staging files, and
+    the unreferenced blob rows a page at a time: a store with a million uploads left in
+    ``partial/`` mounts holding a page of them."""
+    staged = [one(store, lambda tx, i=i: msg(tx, 1, b"s%02d" % i, staged=1, hidden=int(i % 4 > 0)))
+              .id for i in range(10)]  # every fourth a closed upload (partial/'s, say)
+    unclosed = [i for n, i in enumerate(staged) if n % 4]
+    sealed = one(store, lambda tx: msg(tx, 1, b"sealed"))
+    r = store.reader()
+    first = r.unclosed_uploads(0, 3)
+    assert [e.id for e in first] == unclosed[:3] and all(e.staged and e.hidden for e in first)
+    one(store, lambda tx: tx.delete(unclosed[3]))
+    rest = r.unclosed_uploads(first[-1].id, 3)
+    assert [e.id for e in rest] == unclosed[4:7]
+    assert r.unclosed_uploads(unclosed[6], 3) == []
+    assert r.staged_among([staged[0], unclosed[3], sealed.id, 999_999, staged[6]]) \
+        == {staged[0], staged[6]}
+    assert r.staged_among([]) == set()
+
+    bids = [one(store, lambda tx, i=i: tx.blob_insert(bytes([i]) * 32, 1, b"%d" % i))
+            for i in range(5)]
+    one(store, lambda tx: tx.blob_ref(bids[2], 1))
+    page = r.unreferenced_blobs(0, 2)
+    assert [b.id for b in page] == bids[:2] and page[0].data == b"0"
+    assert [b.id for b in r.unreferenced_blobs(bids[1], 2)] == [bids[3], bids[4]]
+    assert r.unreferenced_blobs(bids[4], 2) == []

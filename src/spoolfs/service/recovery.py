@@ -16,6 +16,7 @@ gc, and only uploads staged on this host are judged.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -33,65 +34,106 @@ from spoolfs.store.base import Entry, WriteTx
 log = logging.getLogger(__name__)
 
 
+#: rows and files judged per query and per batch: what recovery holds, however many uploads
+#: a store has under way or left in ``partial/``
+PAGE = 500
+
+
 def recover(spool: Spool) -> dict[str, int]:
-    r, content = spool.r, spool.content
     counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blobs_freed": 0}
-    if content.staging.adopt_flat_layout():
+    if spool.content.staging.adopt_flat_layout():
         log.info("recovery: staging files moved into the bucketed layout")
-    entries = r.staged_entries()  # found by index: mounting costs the same however deep the queues
-
-    shared = not spool.place.embedded
-    for e in entries:
-        if not e.hidden or content.staging.held(e.id):
-            continue
-        if shared and not os.path.exists(content.staging.path(e.id)):
-            continue  # being written on another host: that host's daemon judges it
-        assert e.queue is not None
-        partial = next((c for c in r.children(e.queue) if c.state is State.PARTIAL), None)
-        if partial is None:
-            continue
-
-        def fn(tx: WriteTx, e: Entry = e, partial: Entry = partial) -> bool:
-            cur = tx.get(e.id)
-            if cur is None or not cur.hidden or cur.parent != e.parent or cur.name != e.name:
-                return False  # its writer closed it since the list was read: published
-            name = cur.name
-            if tx.lookup(partial.id, name) is not None:
-                name = (name + b".recovered-%d" % cur.id)[-255:]
-            return apply(tx, cur, Action.RECOVERED, State.PARTIAL, Context(time.time_ns()),
-                         (None, os.getpid()), into=(partial.id, name),
-                         src="ready (unclosed upload)", why="upload never closed before a crash")
-
-        ok, moved = spool.store.run_batch([fn], durable=True)[0]
-        if not ok or not moved:
-            continue
-        counts["uploads_to_partial"] += 1
-        log.warning("recovery: unclosed upload %r moved from ready/ to partial/", e.name)
-
-    def orphans(tx: WriteTx) -> None:
-        # A new upload's staging file is held before its row commits: a file nobody holds
-        # and no row names is left over from a crash.
-        staged = {e.id for e in tx.staged_entries()}
-        for sid in content.staging.ids():
-            if sid not in staged and not content.staging.held(sid):
-                content.staging.remove(sid)
-                counts["staging_orphans"] += 1
-        if shared:
-            # Other hosts place content and commit rows meanwhile, under no lock of ours:
-            # blob files and rows are gc's, which waits out a grace period (service/gc.py).
-            return
-        for b in tx.unreferenced_blobs():
-            tx.blob_delete(b.id)
-            if b.data is None:
-                content.blobs.remove(b.sha256, b.id)
-            counts["blobs_freed"] += 1
-
-    ok, err = spool.store.run_batch([orphans], durable=True)[0]
-    if not ok:
-        raise err
+    after = 0
+    while True:  # found by index: mounting costs the same however deep the queues
+        page = spool.r.unclosed_uploads(after, PAGE)
+        counts["uploads_to_partial"] += sum(_unclosed_to_partial(spool, e) for e in page)
+        if len(page) < PAGE:
+            break
+        after = page[-1].id
+    counts["staging_orphans"] = _staging_orphans(spool)
+    if spool.place.embedded:
+        # A shared store's blob files and rows are gc's: other hosts place content and commit
+        # rows meanwhile, under no lock of ours (gc waits out a grace period: service/gc.py).
+        counts["blobs_freed"] = _unreferenced_blobs(spool)
     if any(counts.values()):
         log.info("recovery: %s", ", ".join(f"{k}={v}" for k, v in counts.items()))
     return counts
+
+
+def _unclosed_to_partial(spool: Spool, e: Entry) -> bool:
+    """Move an upload into ``ready/`` that never closed, and that no daemon holds, to
+    ``partial/``; whether it moved."""
+    r, content = spool.r, spool.content
+    if content.staging.held(e.id):
+        return False
+    if not spool.place.embedded and not os.path.exists(content.staging.path(e.id)):
+        return False  # being written on another host: that host's daemon judges it
+    assert e.queue is not None
+    partial = next((c for c in r.children(e.queue) if c.state is State.PARTIAL), None)
+    if partial is None:
+        return False
+
+    def fn(tx: WriteTx) -> bool:
+        cur = tx.get(e.id)
+        if cur is None or not cur.hidden or cur.parent != e.parent or cur.name != e.name:
+            return False  # its writer closed it since the page was read: published
+        name = cur.name
+        if tx.lookup(partial.id, name) is not None:
+            name = (name + b".recovered-%d" % cur.id)[-255:]
+        return apply(tx, cur, Action.RECOVERED, State.PARTIAL, Context(time.time_ns()),
+                     (None, os.getpid()), into=(partial.id, name),
+                     src="ready (unclosed upload)", why="upload never closed before a crash")
+
+    ok, moved = spool.store.run_batch([fn], durable=True)[0]
+    if not ok or not moved:
+        return False
+    log.warning("recovery: unclosed upload %r moved from ready/ to partial/", e.name)
+    return True
+
+
+def _staging_orphans(spool: Spool) -> int:
+    """Remove the staging files that no row names and no daemon holds, a page at a time, each
+    judged under the store's write lock (no other daemon is mid-transaction); how many. A new
+    upload's staging file is held before its row commits: a file nobody holds and no row
+    names is left over from a crash."""
+    staging = spool.content.staging
+    removed = 0
+
+    def judge(tx: WriteTx, page: list[int]) -> int:
+        staged = tx.staged_among(page)
+        orphans = [sid for sid in page if sid not in staged and not staging.held(sid)]
+        for sid in orphans:
+            staging.remove(sid)
+        return len(orphans)
+
+    for page in gc.pages(staging.ids(), PAGE):
+        ok, n = spool.store.run_batch([functools.partial(judge, page=page)], durable=False)[0]
+        if not ok:
+            raise n
+        removed += n
+    return removed
+
+
+def _unreferenced_blobs(spool: Spool) -> int:
+    """Delete the blob rows no message holds (and their files), a page at a time; how many."""
+    freed, after = 0, 0
+
+    def free(tx: WriteTx, after: int) -> list[int]:
+        page = tx.unreferenced_blobs(after, PAGE)
+        for b in page:
+            tx.blob_delete(b.id)
+            if b.data is None:
+                spool.content.blobs.remove(b.sha256, b.id)
+        return [b.id for b in page]
+
+    while True:
+        ok, ids = spool.store.run_batch([functools.partial(free, after=after)], durable=True)[0]
+        if not ok:
+            raise ids
+        freed += len(ids)
+        if len(ids) < PAGE:
+            return freed
+        after = ids[-1]
 
 
 async def orphan_blob_files(spool: Spool, stop: threading.Event | None = None) -> int:

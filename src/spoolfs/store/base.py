@@ -213,13 +213,20 @@ class ReadTx(abc.ABC):
     @abc.abstractmethod
     def all_entries(self) -> list[Entry]: ...
 
-    @abc.abstractmethod
-    def staged_entries(self) -> list[Entry]:
-        """Entries whose content is still staged (uploads being written), in id order: what
-        recovery judges, found without reading every row."""
+    # What recovery judges, a page at a time (``after``: the last id of the previous page;
+    # at most ``limit`` rows, by id), found by index without reading every row.
 
     @abc.abstractmethod
-    def unreferenced_blobs(self) -> list[Blob]:
+    def unclosed_uploads(self, after: int, limit: int) -> list[Entry]:
+        """Uploads into ``ready/`` not yet closed (hidden, staged): being written, or left by
+        a crash. Found among the staged rows, not among uploads left in ``partial/``."""
+
+    @abc.abstractmethod
+    def staged_among(self, entry_ids: Sequence[int]) -> set[int]:
+        """Of ``entry_ids`` (a page), those of entries whose content is still staged."""
+
+    @abc.abstractmethod
+    def unreferenced_blobs(self, after: int, limit: int) -> list[Blob]:
         """Blob rows no message holds any more."""
 
     @abc.abstractmethod

@@ -155,11 +155,15 @@ class MemoryRead(ReadTx):
     def all_entries(self) -> list[Entry]:
         return [self._entry(r) for r in self._where(lambda r: True)]
 
-    def staged_entries(self) -> list[Entry]:
-        return [self._entry(r) for r in self._where(lambda r: bool(r["staged"]))]
+    def unclosed_uploads(self, after: int, limit: int) -> list[Entry]:
+        return [self._entry(r) for r in self._where(
+            lambda r: bool(r["staged"] and r["hidden"]) and r["id"] > after)[:limit]]
 
-    def unreferenced_blobs(self) -> list[Blob]:
-        return [b for b in self.all_blobs() if b.refcount == 0]
+    def staged_among(self, entry_ids: Sequence[int]) -> set[int]:
+        return {i for i in entry_ids if (r := self.s.entries.get(i)) and r["staged"]}
+
+    def unreferenced_blobs(self, after: int, limit: int) -> list[Blob]:
+        return [b for b in self.all_blobs() if b.refcount == 0 and b.id > after][:limit]
 
     def all_blobs(self) -> list[Blob]:
         return [Blob(i, *b) for i, b in sorted(self.s.blobs.items())]

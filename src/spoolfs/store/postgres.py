@@ -267,11 +267,19 @@ class PgRead(ReadTx):
     def all_entries(self) -> list[Entry]:
         return self._entries(f"{_SEL} ORDER BY e.id")
 
-    def staged_entries(self) -> list[Entry]:
-        return self._entries(f"{_SEL} WHERE e.staged=1 ORDER BY e.id")
+    def unclosed_uploads(self, after: int, limit: int) -> list[Entry]:
+        return self._entries(f"{_SEL} WHERE e.staged=1 AND e.hidden=1 AND e.id>%s "
+                             "ORDER BY e.id LIMIT %s", (after, limit))
 
-    def unreferenced_blobs(self) -> list[Blob]:
-        return [cast(Blob, _blob(r)) for r in self.q(f"{_BLOB} WHERE refcount=0 ORDER BY id")]
+    def staged_among(self, entry_ids: Sequence[int]) -> set[int]:
+        if not entry_ids:
+            return set()
+        return {int(i) for (i,) in self.q(
+            "SELECT id FROM entries WHERE staged=1 AND id = ANY(%s)", (list(entry_ids),))}
+
+    def unreferenced_blobs(self, after: int, limit: int) -> list[Blob]:
+        return [cast(Blob, _blob(r)) for r in self.q(
+            f"{_BLOB} WHERE refcount=0 AND id>%s ORDER BY id LIMIT %s", (after, limit))]
 
     def all_blobs(self) -> list[Blob]:
         return [cast(Blob, _blob(r)) for r in self.q(f"{_BLOB} ORDER BY id")]

@@ -102,6 +102,15 @@ class _Conn(Protocol):
     def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> _Cursor: ...
 
 
+def staged_among(conn: _Conn, entry_ids: Sequence[int]) -> set[int]:
+    """Of ``entry_ids`` (a page: a parameter each), those of entries whose content is staged."""
+    if not entry_ids:
+        return set()
+    return {int(i) for (i,) in conn.execute(
+        "SELECT id FROM entries WHERE staged=1 AND id IN "
+        f"({','.join('?' * len(entry_ids))})", tuple(entry_ids))}
+
+
 class _Rows(list[Any]):
     """A query's rows, read whole: what a cursor gives, for the few ways queries use one."""
 
@@ -251,13 +260,18 @@ class SqliteRead(ReadTx):
     def all_entries(self) -> list[Entry]:
         return [Entry.from_row(r) for r in self.conn.execute(f"{_SEL} ORDER BY e.id")]
 
-    def staged_entries(self) -> list[Entry]:
-        return [Entry.from_row(r) for r in
-                self.conn.execute(f"{_SEL} WHERE e.staged=1 ORDER BY e.id")]
+    def unclosed_uploads(self, after: int, limit: int) -> list[Entry]:
+        return [Entry.from_row(r) for r in self.conn.execute(
+            f"{_SEL} WHERE e.staged=1 AND e.hidden=1 AND e.id>? ORDER BY e.id LIMIT ?",
+            (after, limit))]
 
-    def unreferenced_blobs(self) -> list[Blob]:
+    def staged_among(self, entry_ids: Sequence[int]) -> set[int]:
+        return staged_among(self.conn, entry_ids)
+
+    def unreferenced_blobs(self, after: int, limit: int) -> list[Blob]:
         return [Blob(*r) for r in self.conn.execute(
-            "SELECT id, sha256, size, refcount, data FROM blobs WHERE refcount=0 ORDER BY id")]
+            "SELECT id, sha256, size, refcount, data FROM blobs WHERE refcount=0 AND id>? "
+            "ORDER BY id LIMIT ?", (after, limit))]
 
     def all_blobs(self) -> list[Blob]:
         return [Blob(*r) for r in

@@ -16,7 +16,7 @@ from spoolfs.core.rules import State
 from spoolfs.store import schema
 from spoolfs.store.base import ENTRY_COLUMNS, FsckTx, GcTx, Maintenance
 from spoolfs.store.reserve import Reserve
-from spoolfs.store.sqlite import BUSY_TIMEOUT_MS, raise_if_full
+from spoolfs.store.sqlite import BUSY_TIMEOUT_MS, raise_if_full, staged_among
 
 
 class SqliteGcTx(GcTx):
@@ -36,11 +36,7 @@ class SqliteGcTx(GcTx):
             "(SELECT 1 FROM entries e WHERE e.blob = b.id) ORDER BY id LIMIT ?", (after, limit))]
 
     def staged_among(self, entry_ids: Sequence[int]) -> set[int]:
-        if not entry_ids:
-            return set()
-        return {int(i) for (i,) in self.conn.execute(
-            "SELECT id FROM entries WHERE staged=1 AND id IN "
-            f"({','.join('?' * len(entry_ids))})", tuple(entry_ids))}
+        return staged_among(self.conn, entry_ids)
 
     def is_staged(self, entry_id: int) -> bool:
         row = self.conn.execute("SELECT staged FROM entries WHERE id=?", (entry_id,)).fetchone()
