@@ -27,6 +27,7 @@ from spoolfs.service import batches, recovery
 from spoolfs.service import content as content_module
 from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
+from spoolfs.service.gc import STAMP_LAG_NS
 from spoolfs.service.recovery import orphan_blob_files, orphan_staging_files, recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.base import StoreBusy
@@ -34,6 +35,9 @@ from spoolfs.store.registry import open_store as open_any
 from spoolfs.store.site import Place
 from spoolfs.store.sqlite import SqliteRead, open_store
 from spoolfs.store.sqlite_maint import SqliteGcTx
+
+#: longer than file times lag the clock: a daemon's restart takes longer
+STAMP_LAG_S = 2 * STAMP_LAG_NS / 1e9
 
 
 @pytest.mark.parametrize("size", [10, INLINE_MAX + 1, OVERLAP_MIN + 1])
@@ -251,6 +255,7 @@ async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -
     h.close()  # the daemon dies: no release
     os.close(spool.content.staging.create(99_999))  # a crash leftover
     store.close()
+    time.sleep(STAMP_LAG_S)  # the restart: file times lag the clock by up to a tick
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
     since = time.time_ns()
@@ -278,6 +283,7 @@ async def test_recovery_leaves_the_staging_files_to_a_walk_once_the_mount_serves
     for sid in (99_990, 99_991):  # crash leftovers
         os.close(staging.create(sid))
     store.close()
+    time.sleep(STAMP_LAG_S)
 
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
@@ -289,7 +295,6 @@ async def test_recovery_leaves_the_staging_files_to_a_walk_once_the_mount_serves
     since = time.time_ns()
     recover(spool)
     staging.ids = ids  # type: ignore[method-assign]
-    time.sleep(0.02)  # past the clock's tick: the kernel stamps files with a coarse clock
     os.close(staging.create(99_992))  # made since the mount began: no row yet
     held = os.open(staging.path(99_991), os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_SH)  # ... and one a daemon holds

@@ -57,6 +57,9 @@ GRACE_NS = 600 * NS
 #: follower's one-second poll. A daemon cut off from the database for longer misses what was
 #: pruned; its kernel keeps nothing for longer than its entry and attribute timeout (1 s).
 CHANGES_KEPT_S = 3600.0
+#: How far behind the clock a file's times can be: the kernel stamps them with a coarse clock,
+#: up to a tick (1-10 ms) behind ``time.time_ns()``.
+STAMP_LAG_NS = 20_000_000
 #: How often a daemon's background collection runs.
 INTERVAL_S = 600.0
 #: Blob files (and rows) marked and swept at a time: what a collection holds in memory.
@@ -302,13 +305,14 @@ def crash_staging(place: Place, since_ns: int, stop: threading.Event | None = No
                   ) -> tuple[bool, Report]:
     """Recovery's staging files, once a mount serves (service/recovery.py): those without a
     staged message that no daemon holds, whatever their age, but made before ``since_ns``
-    (when the mount began: an upload this daemon began since is left alone, its row maybe
-    still to commit); whether the walk ended (False: stopped by ``stop``, at the next page),
-    and what was removed."""
+    (when the mount began, less ``STAMP_LAG_NS``: an upload this daemon began since is left
+    alone, its row maybe still to commit); whether the walk ended (False: stopped by
+    ``stop``, at the next page), and what was removed."""
     report = Report()
     maint = place.maintenance()
     try:
-        done = collect_staging_files(maint, place.staging, 0, since_ns, report, stop)
+        done = collect_staging_files(maint, place.staging, 0, since_ns - STAMP_LAG_NS, report,
+                                     stop)
     finally:
         maint.close()
     return done, report

@@ -13,7 +13,8 @@
   again under it. An orphan file harms nothing meanwhile: its id is never used again, and
   placing a blob over one replaces it.
 
-Each reads a page (``PAGE``, gc's) at a time: what recovery holds does not grow with the store.
+Each reads a page (500 rows or files) at a time: what recovery holds does not grow with the
+store.
 A store shared by several hosts takes no such lock: there, blob files and rows are left to
 gc, and only uploads staged on this host are judged.
 """
