@@ -70,20 +70,28 @@ def test_inode_numbers_are_not_reused(mount: Mount, queue: Queue) -> None:
         seen.add(ino)
 
 
-def test_a_blob_file_a_crash_left_is_gone_once_unmounted(mount: Mount, queue: Queue) -> None:
-    """Recovery removes the blob files a crash left without a row while the mount serves
-    (their walk is long in a deep store), and an unmount waits for it: the store a clean
-    unmount leaves passes fsck."""
+def test_files_a_crash_left_are_gone_once_unmounted(mount: Mount, queue: Queue) -> None:
+    """Recovery removes the staging and blob files a crash left without a row while the mount
+    serves (their walks are long in a deep store), and an unmount waits for them: the store a
+    clean unmount leaves passes fsck. An upload left in ``partial/`` keeps its file."""
     queue.publish("kept", os.urandom(70_000))
+    (queue.partial / "half").write_bytes(b"an upload left in partial/")
     mount.umount()
     orphan = mount.store / "blobs" / "07" / "07" / f"{'07' * 32}.999999"
     orphan.parent.mkdir(parents=True, exist_ok=True)
     orphan.write_bytes(b"a crash between the file and its row")
+    staged = mount.store / "staging" / f"{999_999 >> 12:x}" / "999999"
+    staged.parent.mkdir(exist_ok=True)
+    staged.write_bytes(b"an upload whose row never committed")
     mount.start()
     assert (queue.ready / "kept").stat().st_size == 70_000
     mount.umount()
-    assert not orphan.exists()
+    assert not orphan.exists() and not staged.exists()
     assert "blob file(s) looked at in" in mount.log_text()
     assert ", 1 left by a crash removed" in mount.log_text()
+    assert "1 staging file(s) left by a crash removed" in mount.log_text()
+    mount.start()
+    assert (queue.partial / "half").read_bytes() == b"an upload left in partial/"
+    mount.umount()
     res = spoolfs_cli("fsck", str(mount.store), timeout=120)
     assert res.returncode == 0, res.stdout.decode(errors="replace")
