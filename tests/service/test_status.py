@@ -19,6 +19,7 @@ from spoolfs.service import status
 from spoolfs.service.roles import Caller
 from spoolfs.service.spool import Spool
 from spoolfs.store.base import WriteTx
+from spoolfs.store.sqlite import SqliteRead
 
 DEEP = 100_000
 DEADLINE_S = 60.0  # only ever reached when something is wrong
@@ -165,3 +166,29 @@ async def test_a_caller_sees_only_the_queues_it_may_enter(tmp_path: Path) -> Non
         assert await shown(Caller(1000, 1000), spool.lookup(1, b"open").id) == ["open"]
         # The figures themselves are not filtered: the owner sees its queue's message.
         assert count(await spool.snapshot(Caller(1000, 1000)), "owners") == 1
+
+
+async def test_the_sizes_of_uploads_are_read_a_page_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload's size is its staging file's: a snapshot reads the uploads a page at a time,
+    not a list of every one (a million left in ``partial/`` held 166 MB while it ran)."""
+    monkeypatch.setattr(status, "PAGE", 3)
+    read: list[int] = []
+    uploads = SqliteRead.uploads
+
+    def counted(self: SqliteRead, after: int, limit: int) -> list[tuple[int, int, str]]:
+        got = uploads(self, after, limit)
+        read.append(len(got))
+        return got
+    monkeypatch.setattr(SqliteRead, "uploads", counted)
+    async with running(tmp_path) as spool:
+        qe = await spool.mkdir(1, b"q", 0o755, WHO)
+        q = Q(spool, qe.id)
+        for i in range(8):
+            await upload(spool, q[State.PARTIAL], b"p%d" % i, b"x" * i)
+        await upload(spool, q[State.READY], b"done", b"12345")
+        snap = await spool.snapshot()
+    assert snap["queues"]["q"]["states"]["partial"] == \
+        {"count": 8, "bytes": sum(range(8)), "oldest_age_s": snap["queues"]["q"]["states"]
+         ["partial"]["oldest_age_s"]}
+    assert read and max(read) <= 3 and sum(read) == 8

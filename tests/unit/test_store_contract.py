@@ -342,6 +342,9 @@ def test_what_recovery_judges_is_read_in_pages_by_id(store: Store) -> None:
     assert r.staged_among([staged[0], unclosed[3], sealed.id, 999_999, staged[6]]) \
         == {staged[0], staged[6]}
     assert r.staged_among([]) == set()
+    closed = [i for n, i in enumerate(staged) if n % 4 == 0]  # what a status snapshot sizes
+    assert [u[0] for u in r.uploads(0, 2)] == closed[:2]
+    assert [u[0] for u in r.uploads(closed[1], 2)] == closed[2:]
 
     bids = [one(store, lambda tx, i=i: tx.blob_insert(bytes([i]) * 32, 1, b"%d" % i))
             for i in range(5)]

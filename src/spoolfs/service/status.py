@@ -23,6 +23,9 @@ from spoolfs.store.base import ReadTx
 from spoolfs.store.site import Place, embedded
 
 PolicyOf = Any  # callable: queue id -> Policy
+#: uploads whose sizes are read per query: what a snapshot holds, however many are under way
+#: or left in ``partial/``
+PAGE = 500
 
 
 def _age(now: int, ns: int | None) -> float | None:
@@ -78,14 +81,19 @@ def snapshot(r: ReadTx, where: str | Place, policy_of: PolicyOf, now: int | None
             c["in_flight"] += count
             c["oldest_claim_age_s"] = age
             c["next_lease_end_s"] = None if lease is None else round((lease - now) / NS, 3)
-    staging = place.staging
-    for eid, qid, state in r.uploads():  # sizes of uploads are their staging files'
-        if qid in queues:
-            try:
-                queues[qid]["states"][state]["bytes"] += os.stat(
-                    staging.path(eid)).st_size
-            except OSError:
-                pass
+    staging, after = place.staging, 0
+    while True:  # sizes of uploads are their staging files', a page at a time
+        page = r.uploads(after, PAGE)
+        for eid, qid, state in page:
+            if qid in queues:
+                try:
+                    queues[qid]["states"][state]["bytes"] += os.stat(
+                        staging.path(eid)).st_size
+                except OSError:
+                    pass
+        if len(page) < PAGE:
+            break
+        after = page[-1][0]
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / NS)),
         "store": place.name,

@@ -188,9 +188,9 @@ class ReadTx(abc.ABC):
         working/, the finish in success/ and error/. Unpublished uploads are left out."""
 
     @abc.abstractmethod
-    def uploads(self) -> list[tuple[int, int, str]]:
-        """(id, queue, state) of every visible message whose content is still a staging file
-        (its size is the file's, not the row's)."""
+    def uploads(self, after: int, limit: int) -> list[tuple[int, int, str]]:
+        """(id, queue, state) of the visible messages whose content is still a staging file
+        (its size is the file's, not the row's), by id above ``after``: at most ``limit``."""
 
     @abc.abstractmethod
     def sharing(self, blob_id: int, limit: int) -> list[int]:

@@ -139,9 +139,10 @@ class MemoryRead(ReadTx):
                         sum(r["retry_ns"] is not None for r in rows)))
         return out
 
-    def uploads(self) -> list[tuple[int, int, str]]:
+    def uploads(self, after: int, limit: int) -> list[tuple[int, int, str]]:
         return [(r["id"], r["queue"], r["state"]) for r in self._where(
-            lambda r: r["staged"] and r["kind"] == "message" and not r["hidden"])]
+            lambda r: r["staged"] and r["kind"] == "message" and not r["hidden"]
+            and r["id"] > after)[:limit]]
 
     def sharing(self, blob_id: int, limit: int) -> list[int]:
         return [r["id"] for r in self._where(lambda r: r["blob"] == blob_id)][:limit]

@@ -245,10 +245,10 @@ class PgRead(ReadTx):
             "FROM entries WHERE kind='message' AND hidden=0 "
             "GROUP BY queue, state, consumer")
 
-    def uploads(self) -> list[tuple[int, int, str]]:
+    def uploads(self, after: int, limit: int) -> list[tuple[int, int, str]]:
         return cast(list[tuple[int, int, str]], self.q(
             "SELECT id, queue, state FROM entries WHERE staged=1 AND kind='message' "
-            "AND hidden=0"))
+            "AND hidden=0 AND id>%s ORDER BY id LIMIT %s", (after, limit)))
 
     def sharing(self, blob_id: int, limit: int) -> list[int]:
         return [r[0] for r in self.q("SELECT id FROM entries WHERE blob=%s LIMIT %s",

@@ -239,9 +239,10 @@ class SqliteRead(ReadTx):
             "FROM entries WHERE kind='message' AND hidden=0 "
             "GROUP BY queue, state, consumer").fetchall()
 
-    def uploads(self) -> list[tuple[int, int, str]]:
+    def uploads(self, after: int, limit: int) -> list[tuple[int, int, str]]:
         return self.conn.execute("SELECT id, queue, state FROM entries WHERE staged=1 "
-                                 "AND kind='message' AND hidden=0").fetchall()
+                                 "AND kind='message' AND hidden=0 AND id>? ORDER BY id LIMIT ?",
+                                 (after, limit)).fetchall()
 
     def sharing(self, blob_id: int, limit: int) -> list[int]:
         return [r[0] for r in self.conn.execute(
