@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,17 +25,13 @@ from spoolfs.service import batches, recovery
 from spoolfs.service import content as content_module
 from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
-from spoolfs.service.gc import STAMP_LAG_NS
-from spoolfs.service.recovery import orphan_blob_files, orphan_staging_files, recover
+from spoolfs.service.recovery import orphan_blob_files, recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.base import StoreBusy
 from spoolfs.store.registry import open_store as open_any
 from spoolfs.store.site import Place
 from spoolfs.store.sqlite import SqliteRead, open_store
 from spoolfs.store.sqlite_maint import SqliteGcTx
-
-#: longer than file times lag the clock: a daemon's restart takes longer
-STAMP_LAG_S = 2 * STAMP_LAG_NS / 1e9
 
 
 @pytest.mark.parametrize("size", [10, INLINE_MAX + 1, OVERLAP_MIN + 1])
@@ -253,66 +247,23 @@ async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -
     e, h = await spool.create(q[State.READY], b"x", 0o644, WHO)
     spool.write(h, 0, b"half")
     h.close()  # the daemon dies: no release
-    os.close(spool.content.staging.create(99_999))  # a crash leftover
+    open(os.path.join(tmp_path, "staging", "99999"), "w").close()  # a crash leftover
     store.close()
-    time.sleep(STAMP_LAG_S)  # the restart: file times lag the clock by up to a tick
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
-    since = time.time_ns()
     counts = recover(spool)
-    assert counts["uploads_to_partial"] == 1
+    assert counts["uploads_to_partial"] == 1 and counts["staging_orphans"] == 1
     assert spool.lookup(q[State.PARTIAL], b"x").staged  # still an upload, in partial/
     assert spool.listdir(q[State.READY]) == []
-    assert await orphan_staging_files(spool, since) == 1  # once the mount serves
     store.close()
     assert Fsck(str(tmp_path)).run() == []
-
-
-async def test_recovery_leaves_the_staging_files_to_a_walk_once_the_mount_serves(
-        tmp_path: Path) -> None:
-    """A staging file per upload under way or left in ``partial/``: at a million, their walk
-    would hold up the mount for seconds. It runs once the mount serves, and removes only what
-    was there before the mount began and is still no upload's: neither a file a daemon holds
-    nor one made since (an upload this daemon has begun, its row not yet committed)."""
-    store = open_store(str(tmp_path))
-    spool = Spool(store, str(tmp_path))
-    qe = await spool.mkdir(1, b"q", 0o755, WHO)
-    q = Q(spool, qe.id)
-    kept = spool.get(await upload(spool, q[State.PARTIAL], b"kept", b"half"))
-    staging = spool.content.staging
-    for sid in (99_990, 99_991):  # crash leftovers
-        os.close(staging.create(sid))
-    store.close()
-    time.sleep(STAMP_LAG_S)
-
-    store = open_store(str(tmp_path))
-    spool = Spool(store, str(tmp_path))
-    ids = staging.ids
-
-    def no_walk() -> Iterator[int]:
-        raise AssertionError("the mount waited for the walk of the staging files")
-    staging.ids = no_walk  # type: ignore[method-assign]
-    since = time.time_ns()
-    recover(spool)
-    staging.ids = ids  # type: ignore[method-assign]
-    os.close(staging.create(99_992))  # made since the mount began: no row yet
-    held = os.open(staging.path(99_991), os.O_RDONLY)
-    fcntl.flock(held, fcntl.LOCK_SH)  # ... and one a daemon holds
-    try:
-        assert await orphan_staging_files(spool, since) == 1
-    finally:
-        os.close(held)
-    assert sorted(staging.ids()) == [kept.id, 99_991, 99_992]
-    assert await orphan_staging_files(spool, since) == 1  # 99_991, now held by nobody
-    assert sorted(staging.ids()) == [kept.id, 99_992]
-    store.close()
 
 
 async def test_recovery_holds_a_page_of_what_it_judges(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A store with a million uploads left in ``partial/`` (each a staged row and a staging
-    file) mounts holding a page of them: the unclosed uploads and the unreferenced blob rows
-    are each read a page at a time (the staging files are walked once the mount serves)."""
+    file) mounts holding a page of them: the staged rows, the staged ids among the staging
+    files, and the unreferenced blob rows are each read a page at a time."""
     monkeypatch.setattr(recovery, "PAGE", 3)
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
@@ -324,24 +275,29 @@ async def test_recovery_holds_a_page_of_what_it_judges(tmp_path: Path,
         h.close()
     for i in range(2):  # uploads left in partial/: staged, and not recovery's to move
         await upload(spool, q[State.PARTIAL], b"p%d" % i, b"kept")
+    for i in range(5):  # staging files no row names
+        open(os.path.join(tmp_path, "staging", str(99_990 + i)), "w").close()
     for i in range(4):  # blob rows no message holds
         spool.store.run_batch([lambda tx, i=i: tx.blob_insert(bytes([i]) * 32, 1, b"%d" % i)], True)
     store.close()
 
     read: list[int] = []
 
-    def counted(method: Callable[..., Any]) -> Any:
+    def counted(method: Callable[..., Any], sizes: Callable[[Any, Any], int]) -> Any:
         def call(self: Any, *args: Any) -> Any:
             got = method(self, *args)
-            read.append(len(got))
+            read.append(sizes(args, got))
             return got
         return call
     for method in ("unclosed_uploads", "unreferenced_blobs"):
-        monkeypatch.setattr(SqliteRead, method, counted(getattr(SqliteRead, method)))
+        monkeypatch.setattr(SqliteRead, method, counted(getattr(SqliteRead, method),
+                                                        lambda args, got: len(got)))
+    monkeypatch.setattr(SqliteRead, "staged_among", counted(SqliteRead.staged_among,
+                                                            lambda args, got: len(args[0])))
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
     counts = recover(spool)
-    assert counts == {"uploads_to_partial": 7, "blobs_freed": 4}
+    assert counts == {"uploads_to_partial": 7, "staging_orphans": 5, "blobs_freed": 4}
     assert read and max(read) <= 3
     assert sorted(e.name for e in spool.listdir(q[State.PARTIAL])) == \
         [b"p0", b"p1"] + [b"x%d" % i for i in range(7)]

@@ -57,9 +57,6 @@ GRACE_NS = 600 * NS
 #: follower's one-second poll. A daemon cut off from the database for longer misses what was
 #: pruned; its kernel keeps nothing for longer than its entry and attribute timeout (1 s).
 CHANGES_KEPT_S = 3600.0
-#: How far behind the clock a file's times can be: the kernel stamps them with a coarse clock,
-#: up to a tick (1-10 ms) behind ``time.time_ns()``.
-STAMP_LAG_NS = 20_000_000
 #: How often a daemon's background collection runs.
 INTERVAL_S = 600.0
 #: Blob files (and rows) marked and swept at a time: what a collection holds in memory.
@@ -230,40 +227,16 @@ def sweep_blob_files(maint: Maintenance, blobs: BlobStore,
                 report.lines.append(f"removed orphan blob file {name} ({info.size} bytes)")
 
 
-def collect_staging_files(maint: Maintenance, staging: StagingDir, grace_ns: int, now_ns: int,
-                          report: Report, stop: threading.Event | None = None) -> bool:
-    """Mark and sweep the staging files without a staged message, a page at a time: the
-    page's rows read (no lock), then the orphans older than the grace period swept. False
-    when ``stop`` was set before the end (it stops at the next page)."""
-    for page in pages(staging.ids()):
-        if stop is not None and stop.is_set():
-            return False
-        with maint.read() as tx:
-            staged = tx.staged_among(page)
-        orphans = []
-        for sid in page:
-            if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
-                continue
-            if _old_enough(staging.path(sid), grace_ns, now_ns) is None:
-                report.young += os.path.lexists(staging.path(sid))
-                continue
-            orphans.append(sid)
-        sweep_staging(maint, staging, orphans, grace_ns, now_ns, report)
-    return True
-
-
 def sweep_staging(maint: Maintenance, staging: StagingDir, candidates: Iterable[int],
                   grace_ns: int, now_ns: int, report: Report) -> None:
     """Remove staging files without a staged message, older than the grace period, while
-    holding the write lock. The lock is asked before the row: a file a daemon no longer
-    holds has its row committed, or none will come (a shared store's transaction is no lock
-    over another host's commits)."""
+    holding the write lock."""
     ids = sorted(set(candidates))
     if not ids:
         return
     with maint.write() as tx:
         for sid in ids:
-            if staging.held(sid) or tx.is_staged(sid):
+            if tx.is_staged(sid) or staging.held(sid):
                 continue
             if _remove_old(staging.path(sid), grace_ns, now_ns, report, "staging file"):
                 report.staging_files += 1
@@ -288,10 +261,19 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
                 collect_blob_files(maint, blobs, grace_ns, now, report, stop) is None:
             report.stopped = True
             return report
-        # staging files (as many as uploads under way): marked and swept a page at a time
-        if not collect_staging_files(maint, staging, grace_ns, now, report, stop):
-            report.stopped = True
-            return report
+        # staging files (as many as uploads under way): marked a page at a time, then swept
+        orphan_staging = []
+        for page in pages(staging.ids()):
+            with maint.read() as tx:
+                staged = tx.staged_among(page)
+            for sid in page:
+                if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
+                    continue
+                if _old_enough(staging.path(sid), grace_ns, now) is None:
+                    report.young += os.path.lexists(staging.path(sid))
+                    continue
+                orphan_staging.append(sid)
+        sweep_staging(maint, staging, orphan_staging, grace_ns, now, report)
         pruned = maint.prune_changes(CHANGES_KEPT_S)
         if pruned:
             report.lines.append(f"pruned {pruned} change-log row(s) older than "
@@ -299,23 +281,6 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
     finally:
         maint.close()
     return report
-
-
-def crash_staging(place: Place, since_ns: int, stop: threading.Event | None = None
-                  ) -> tuple[bool, Report]:
-    """Recovery's staging files, once a mount serves (service/recovery.py): those without a
-    staged message that no daemon holds, whatever their age, but made before ``since_ns``
-    (when the mount began, less ``STAMP_LAG_NS``: an upload this daemon began since is left
-    alone, its row maybe still to commit); whether the walk ended (False: stopped by
-    ``stop``, at the next page), and what was removed."""
-    report = Report()
-    maint = place.maintenance()
-    try:
-        done = collect_staging_files(maint, place.staging, 0, since_ns - STAMP_LAG_NS, report,
-                                     stop)
-    finally:
-        maint.close()
-    return done, report
 
 
 def crash_leftovers(place: Place, stop: threading.Event | None = None

@@ -2,19 +2,14 @@
 
 - an upload into ``ready/`` that never closed is moved to ``partial/``: ``ready/`` only ever
   shows complete files (skipped while another daemon still has it open for writing);
-- unreferenced blob rows are removed, under the store's write lock so no other daemon is
-  mid-transaction;
-- once the mount serves, two walks of files, since each can be a million long (an upload
-  left in ``partial/`` has a staging file; a large message, a blob file) and would hold up
-  the mount for seconds to a minute: staging files without a staged message, held by no
-  daemon and made before the mount began (``orphan_staging_files``), then blob files without
-  a blob row (``orphan_blob_files``). gc's mark and sweep do them, without a grace period:
-  the walk and the row lookups take no lock; only the files found orphaned are looked at
-  again under it. An orphan file harms nothing meanwhile: its id is never used again, and
-  placing a blob over one replaces it.
+- staging files without a message (and held by no upload) are removed, and unreferenced blob
+  rows, under the store's write lock so no other daemon is mid-transaction;
+- blob files without a blob row (``orphan_blob_files``) once the mount serves: a deep queue
+  of large messages has a million files, whose walk would hold up the mount for a minute.
+  gc's mark and sweep do it, without a grace period: the walk and the row lookups take no
+  lock; only the files found orphaned are looked at again under it. An orphan file harms
+  nothing meanwhile: placing a blob over one replaces it.
 
-Each reads a page (500 rows or files) at a time: what recovery holds does not grow with the
-store.
 A store shared by several hosts takes no such lock: there, blob files and rows are left to
 gc, and only uploads staged on this host are judged.
 """
@@ -45,7 +40,7 @@ PAGE = 500
 
 
 def recover(spool: Spool) -> dict[str, int]:
-    counts = {"uploads_to_partial": 0, "blobs_freed": 0}
+    counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blobs_freed": 0}
     if spool.content.staging.adopt_flat_layout():
         log.info("recovery: staging files moved into the bucketed layout")
     after = 0
@@ -55,6 +50,7 @@ def recover(spool: Spool) -> dict[str, int]:
         if len(page) < PAGE:
             break
         after = page[-1].id
+    counts["staging_orphans"] = _staging_orphans(spool)
     if spool.place.embedded:
         # A shared store's blob files and rows are gc's: other hosts place content and commit
         # rows meanwhile, under no lock of ours (gc waits out a grace period: service/gc.py).
@@ -95,6 +91,29 @@ def _unclosed_to_partial(spool: Spool, e: Entry) -> bool:
     return True
 
 
+def _staging_orphans(spool: Spool) -> int:
+    """Remove the staging files that no row names and no daemon holds, a page at a time, each
+    judged under the store's write lock (no other daemon is mid-transaction); how many. A new
+    upload's staging file is held before its row commits: a file nobody holds and no row
+    names is left over from a crash."""
+    staging = spool.content.staging
+    removed = 0
+
+    def judge(tx: WriteTx, page: list[int]) -> int:
+        staged = tx.staged_among(page)
+        orphans = [sid for sid in page if sid not in staged and not staging.held(sid)]
+        for sid in orphans:
+            staging.remove(sid)
+        return len(orphans)
+
+    for page in gc.pages(staging.ids(), PAGE):
+        ok, n = spool.store.run_batch([functools.partial(judge, page=page)], durable=False)[0]
+        if not ok:
+            raise n
+        removed += n
+    return removed
+
+
 def _unreferenced_blobs(spool: Spool) -> int:
     """Delete the blob rows no message holds (and their files), a page at a time; how many."""
     freed, after = 0, 0
@@ -115,25 +134,6 @@ def _unreferenced_blobs(spool: Spool) -> int:
         if len(ids) < PAGE:
             return freed
         after = ids[-1]
-
-
-async def orphan_staging_files(spool: Spool, since_ns: int,
-                               stop: threading.Event | None = None) -> int:
-    """Remove the staging files a crash left: no staged message names them, no daemon holds
-    them, and they were there before ``since_ns`` (when the mount began); how many. Run once
-    the mount serves (a million uploads left in ``partial/`` are a million files to walk),
-    in a worker thread, a page at a time (``gc.crash_staging``). ``stop``: set by an unmount
-    that will not wait for the end."""
-    start = time.monotonic()
-    done, report = await trio.to_thread.run_sync(gc.crash_staging, spool.place, since_ns, stop)
-    if not done:
-        log.warning("recovery: the walk of the staging files stopped by the unmount after "
-                    "%.1f s (%d left by a crash removed); the next mount walks them again",
-                    time.monotonic() - start, report.staging_files)
-    elif report.staging_files:
-        log.info("recovery: %d staging file(s) left by a crash removed in %.1f s",
-                 report.staging_files, time.monotonic() - start)
-    return report.staging_files
 
 
 async def orphan_blob_files(spool: Spool, stop: threading.Event | None = None) -> int:
