@@ -39,7 +39,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from spoolfs.blobs.files import file_info
@@ -49,7 +49,7 @@ from spoolfs.core.names import free_name
 from spoolfs.core.rules import Action, State, kind_of
 from spoolfs.core.transitions import Context, fields_of, transition
 from spoolfs.service import gc
-from spoolfs.store.base import FsckTx
+from spoolfs.store.base import FsckTx, by_id
 from spoolfs.store.private import DIR_MODE, FILE_MODE
 from spoolfs.store.site import Place, as_place
 
@@ -66,18 +66,6 @@ T = TypeVar("T")
 
 def _show(name: bytes) -> str:
     return repr(name)[1:]
-
-
-def _by_id(page: Callable[[int, int], Sequence[T]]) -> Iterator[T]:
-    """Every row of a table, a page of ``PAGE`` at a time: ``page(after, limit)`` gives the
-    rows with ids above ``after``, the id first in each."""
-    after = -(1 << 63)
-    while True:
-        rows = page(after, PAGE)
-        yield from rows
-        if len(rows) < PAGE:
-            return
-        after = rows[-1][0]  # type: ignore[index]
 
 
 class _IdSet:
@@ -196,7 +184,8 @@ class Fsck:
             self._bad(f"schema version {v} != {self.maint.version}")
 
     def check_tree(self) -> None:
-        for eid, parent, name, kind, mode, blob, staged, has_parent in _by_id(self.tx.tree_page):
+        rows = by_id(self.tx.tree_page, PAGE)
+        for eid, parent, name, kind, mode, blob, staged, has_parent in rows:
             self._tick("entries")
             if eid != 1 and not has_parent:
                 self._bad(f"entry {eid} {name!r}: parent {parent} missing")
@@ -213,7 +202,7 @@ class Fsck:
     def check_refcounts(self) -> None:
         """Each blob row's count against the entries that reference it (the store counts
         them, by its index of entries by blob), then references to rows that are gone."""
-        for bid, refcount, n in _by_id(self.tx.blob_references):
+        for bid, refcount, n in by_id(self.tx.blob_references, PAGE):
             self._tick("blobs")
             if refcount != n:
                 self._bad(f"blob {bid}: refcount {refcount}, referenced {n}")
@@ -306,7 +295,7 @@ class Fsck:
         def page(after: int, limit: int) -> list[T]:
             with self.maint.read() as tx:
                 return query(tx, after, limit)
-        return _by_id(page)
+        return by_id(page, PAGE)
 
     def _file_problem(self, path: str, sha: bytes, size: int, hash_it: bool = True) -> str | None:
         """What is wrong with the stored object ``path`` of a blob, or None."""

@@ -19,7 +19,7 @@ from prometheus_client.exposition import generate_latest
 from spoolfs.core.policy import DEFAULT, NS, Policy
 from spoolfs.core.rules import STATES
 from spoolfs.service.timings import TIMINGS
-from spoolfs.store.base import ReadTx
+from spoolfs.store.base import ReadTx, by_id
 from spoolfs.store.site import Place, embedded
 
 PolicyOf = Any  # callable: queue id -> Policy
@@ -81,19 +81,13 @@ def snapshot(r: ReadTx, where: str | Place, policy_of: PolicyOf, now: int | None
             c["in_flight"] += count
             c["oldest_claim_age_s"] = age
             c["next_lease_end_s"] = None if lease is None else round((lease - now) / NS, 3)
-    staging, after = place.staging, 0
-    while True:  # sizes of uploads are their staging files', a page at a time
-        page = r.uploads(after, PAGE)
-        for eid, qid, state in page:
-            if qid in queues:
-                try:
-                    queues[qid]["states"][state]["bytes"] += os.stat(
-                        staging.path(eid)).st_size
-                except OSError:
-                    pass
-        if len(page) < PAGE:
-            break
-        after = page[-1][0]
+    staging = place.staging
+    for eid, qid, state in by_id(r.uploads, PAGE):  # sizes of uploads are their files'
+        if qid in queues:
+            try:
+                queues[qid]["states"][state]["bytes"] += os.stat(staging.path(eid)).st_size
+            except OSError:
+                pass
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / NS)),
         "store": place.name,

@@ -8,7 +8,7 @@ message is still where the caller saw it, so no correctness depends on a process
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -515,3 +515,15 @@ class Maintenance(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+
+def by_id(page: Callable[[int, int], Sequence[T]], size: int) -> Iterator[T]:
+    """Every row a paged query gives, ``size`` at a time: ``page(after, limit)`` gives the rows
+    with ids above ``after``, the id first in each. What the caller holds is a page."""
+    after = -(1 << 63)
+    while True:
+        rows = page(after, size)
+        yield from rows
+        if len(rows) < size:
+            return
+        after = rows[-1][0]  # type: ignore[index]
