@@ -25,7 +25,7 @@ from spoolfs.runtime import make_runtime_dir, pidfile
 from spoolfs.service import gc
 from spoolfs.service.follower import ChangeFeed, Follower
 from spoolfs.service.lifecycle import Lifecycle
-from spoolfs.service.recovery import orphan_blob_files, recover
+from spoolfs.service.recovery import orphan_blob_files, orphan_staging_files, recover
 from spoolfs.service.roles import STRICT_ROLES, Gate
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Store
@@ -60,7 +60,7 @@ NFS_EXPORT = "nfs_export"
 SHARED_MMAP = "shared_mmap"
 #: ``-o`` options that are the daemon's own, not passed on to FUSE
 OWN_OPTIONS = frozenset({STRICT_ROLES, NFS_EXPORT, SHARED_MMAP})
-#: How long an unmount waits for recovery's walk of the blob files before stopping it.
+#: How long an unmount waits for recovery's walks of the files before stopping them.
 SWEEP_WAIT_S = 10.0
 
 
@@ -114,7 +114,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
     spool = Spool(store, place)
     try:
         try:
-            recover(spool)
+            staging_upto = recover(spool).staging_upto
         except StoreFailure as e:  # the disk full, say: one line, as for the open above
             raise UserError(f"cannot recover store {place.name}: {e.hint}") from e
         spool.guard.make_reserve()
@@ -147,7 +147,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
                 f.write(f"{os.getpid()}\n")
             log.info("mounted %s on %s (pid %d)", place.name, mountpoint, os.getpid())
             try:
-                trio.run(_main, spool, functools.partial(on_ready, notes), listeners,
+                trio.run(_main, spool, staging_upto, functools.partial(on_ready, notes), listeners,
                          root_id if root_id != 1 else None, instruments=session.install())
             finally:
                 pyfuse3.close(unmount=True)
@@ -217,7 +217,7 @@ def _served_over_nfs(device_record: str, number: str) -> None:
         log.warning("nfs_export: the device number NFS clients see was not recorded: %s", e)
 
 
-async def _main(spool: Spool, on_ready: Callable[[], None],
+async def _main(spool: Spool, staging_upto: int, on_ready: Callable[[], None],
                 listeners: list[socket.socket] | None = None,
                 only_queue: int | None = None) -> None:
     lifecycle = Lifecycle(spool)
@@ -239,7 +239,7 @@ async def _main(spool: Spool, on_ready: Callable[[], None],
             tasks.append(follower.run)
         nursery.start_soon(_run_in, timers, *tasks)
         swept, stop_sweep = trio.Event(), threading.Event()
-        nursery.start_soon(_sweep_blob_files, spool, swept, stop_sweep)
+        nursery.start_soon(_sweep_files, spool, staging_upto, swept, stop_sweep)
         if listeners:  # serving before the mount is reported ready
             await nursery.start(_metrics, metrics, listeners, spool, only_queue)
         on_ready()
@@ -269,22 +269,29 @@ async def _metrics(scope: trio.CancelScope, listeners: list[socket.socket], spoo
                                  task_status=task_status)
 
 
-async def _sweep_blob_files(spool: Spool, done: trio.Event, stop: threading.Event) -> None:
+async def _sweep_files(spool: Spool, staging_upto: int, done: trio.Event,
+                       stop: threading.Event) -> None:
     """Recovery's last part, while the mount serves (service/recovery.py); see ``end_sweep``."""
     try:
-        await orphan_blob_files(spool, stop)
-    except Exception:  # never take the mount down with it: gc finds the same files later
-        log.exception("recovery: blob files left by a crash not looked for")
+        try:
+            await orphan_staging_files(spool, staging_upto, stop)
+        except Exception:  # never take the mount down with it: gc finds the same files later
+            log.exception("recovery: staging files left by a crash not looked for")
+        if not stop.is_set():
+            try:
+                await orphan_blob_files(spool, stop)
+            except Exception:
+                log.exception("recovery: blob files left by a crash not looked for")
     finally:
         done.set()
 
 
 async def end_sweep(done: trio.Event, stop: threading.Event, wait_s: float = SWEEP_WAIT_S
                     ) -> None:
-    """At unmount: wait for recovery's walk of the blob files, so that a store unmounted
-    cleanly has no file a crash left behind. A walk still going after ``wait_s`` (a million
-    contents in files, read from disk, take about 20 s) is stopped at its next page instead:
-    an unmount stays prompt, and the next mount walks again."""
+    """At unmount: wait for recovery's walks of the staging and blob files, so that a store
+    unmounted cleanly has no file a crash left behind. A walk still going after ``wait_s`` (a
+    million contents in files, read from disk, take about 20 s) is stopped at its next page
+    instead: an unmount stays prompt, and the next mount walks again."""
     with trio.move_on_after(wait_s):
         await done.wait()
     if not done.is_set():

@@ -71,26 +71,32 @@ def test_inode_numbers_are_not_reused(mount: Mount, queue: Queue) -> None:
 
 
 def test_files_a_crash_left_are_gone_once_unmounted(mount: Mount, queue: Queue) -> None:
-    """Recovery removes the staging files a crash left before the mount serves, and the blob
-    files while it serves (their walk is long in a deep store), and an unmount waits for it:
-    the store a clean unmount leaves passes fsck. An upload left in ``partial/`` keeps its
-    file."""
+    """Recovery removes the staging files a crash left above the highest id given before the
+    mount serves, those at or below it and the blob files while it serves (their walks are
+    long in a deep store), and an unmount waits for them: the store a clean unmount leaves
+    passes fsck. An upload left in ``partial/`` keeps its file."""
     queue.publish("kept", os.urandom(70_000))
     (queue.partial / "half").write_bytes(b"an upload left in partial/")
+    queue.publish("gone")
+    gone = (queue.ready / "gone").stat().st_ino  # an id given, no row's any more
+    ok("rm", queue.ready / "gone")
     mount.umount()
     orphan = mount.store / "blobs" / "07" / "07" / f"{'07' * 32}.999999"
     orphan.parent.mkdir(parents=True, exist_ok=True)
     orphan.write_bytes(b"a crash between the file and its row")
-    staged = mount.store / "staging" / f"{999_999 >> 12:x}" / "999999"
-    staged.parent.mkdir(exist_ok=True)
-    staged.write_bytes(b"an upload whose row never committed")
+    staged = []
+    for sid in (gone, 999_999):  # a killed daemon's upload; one a power cut took the id of
+        staged.append(mount.store / "staging" / f"{sid >> 12:x}" / str(sid))
+        staged[-1].parent.mkdir(exist_ok=True)
+        staged[-1].write_bytes(b"an upload whose row never committed")
     mount.start()
     assert (queue.ready / "kept").stat().st_size == 70_000
     mount.umount()
-    assert not orphan.exists() and not staged.exists()
-    assert "blob file(s) looked at in" in mount.log_text()
-    assert ", 1 left by a crash removed" in mount.log_text()
-    assert "staging_orphans=1" in mount.log_text()  # before the mount served
+    assert not orphan.exists() and not any(f.exists() for f in staged)
+    log = mount.log_text()
+    assert "staging_orphans=1" in log  # 999999, before the mount served
+    assert "staging files looked at in" in log and "blob file(s) looked at in" in log
+    assert log.count(", 1 left by a crash removed") == 2  # the staging file, the blob file
     mount.start()
     assert (queue.partial / "half").read_bytes() == b"an upload left in partial/"
     mount.umount()

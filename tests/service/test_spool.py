@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import threading
@@ -25,7 +26,7 @@ from spoolfs.service import batches, recovery
 from spoolfs.service import content as content_module
 from spoolfs.service.content import INLINE_MAX, OVERLAP_MIN
 from spoolfs.service.fsck import Fsck
-from spoolfs.service.recovery import orphan_blob_files, recover
+from spoolfs.service.recovery import orphan_blob_files, orphan_staging_files, recover
 from spoolfs.service.spool import RENAME_NOREPLACE, Spool
 from spoolfs.store.base import StoreBusy
 from spoolfs.store.registry import open_store as open_any
@@ -251,10 +252,71 @@ async def test_recovery_moves_unclosed_ready_upload_to_partial(tmp_path: Path) -
     store.close()
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
-    counts = recover(spool)
+    counts = recover(spool).counts  # 99999: above every id given, removed before serving
     assert counts["uploads_to_partial"] == 1 and counts["staging_orphans"] == 1
     assert spool.lookup(q[State.PARTIAL], b"x").staged  # still an upload, in partial/
     assert spool.listdir(q[State.READY]) == []
+    store.close()
+    assert Fsck(str(tmp_path)).run() == []
+
+
+async def test_recovery_walks_the_staging_files_of_ids_given_once_the_mount_serves(
+        tmp_path: Path) -> None:
+    """A staging file per upload under way or left in ``partial/``: at a million, their walk
+    would hold up the mount for seconds. Before serving, recovery reads only the files above
+    the highest id the store has given (a power cut took their ids back: the mount's uploads
+    take them again); the rest are walked once the mount serves, up to that id, and a file
+    made since (an upload of the mount, its row maybe still to commit) is never taken for a
+    leftover, held or not."""
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    qe = await spool.mkdir(1, b"q", 0o755, WHO)
+    q = Q(spool, qe.id)
+    kept = spool.get(await upload(spool, q[State.PARTIAL], b"kept", b"half"))
+    staging = spool.content.staging
+    ok, given = store.run_batch([lambda tx: tx.reserve_entry_ids(3)], True)[0]
+    for sid in given:  # a daemon killed with files made ahead: their ids were given
+        os.close(staging.create(sid))
+    os.close(staging.create(given[-1] + 5000))  # its id taken back by a power cut
+    store.close()
+
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    staging = spool.content.staging
+    ids = staging.ids
+    read: list[tuple[int, int | None]] = []
+
+    def ids_read(lo: int = 0, hi: int | None = None) -> Iterator[int]:
+        read.append((lo, hi))
+        return ids(lo, hi)
+    staging.ids = ids_read  # type: ignore[method-assign]
+    recovered = recover(spool)
+    staging.ids = ids  # type: ignore[method-assign]
+    assert recovered.staging_upto == given[-1]
+    assert read == [(given[-1] + 1, None)], "the mount waited for the walk of every file"
+    assert recovered.counts["staging_orphans"] == 1
+    assert sorted(staging.ids()) == [kept.id, *given]
+
+    async with trio.open_nursery() as n:
+        await n.start(spool.committer.run)
+        e, h = await spool.create(q[State.READY], b"new", 0o644, WHO)  # the mount's upload
+        assert e.id > recovered.staging_upto
+        os.close(staging.create(e.id + 1))  # ... and one not yet held, its row to come
+        held = os.open(staging.path(given[0]), os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_SH)  # a file another daemon holds
+        try:
+            assert await orphan_staging_files(spool, recovered.staging_upto) == 2
+        finally:
+            os.close(held)
+        assert sorted(staging.ids()) == [kept.id, given[0], e.id, e.id + 1]
+        assert await orphan_staging_files(spool, recovered.staging_upto) == 1  # held by none
+        assert sorted(staging.ids()) == [kept.id, e.id, e.id + 1]
+        staging.remove(e.id + 1)
+        spool.write(h, 0, b"whole")
+        await spool.close(h, WHO)
+        spool.committer.close()
+    assert content(spool, spool.lookup(q[State.READY], b"new").id) == b"whole"
+    assert content(spool, kept.id) == b"half"
     store.close()
     assert Fsck(str(tmp_path)).run() == []
 
@@ -296,7 +358,7 @@ async def test_recovery_holds_a_page_of_what_it_judges(tmp_path: Path,
                                                             lambda args, got: len(args[0])))
     store = open_store(str(tmp_path))
     spool = Spool(store, str(tmp_path))
-    counts = recover(spool)
+    counts = recover(spool).counts
     assert counts == {"uploads_to_partial": 7, "staging_orphans": 5, "blobs_freed": 4}
     assert read and max(read) <= 3
     assert sorted(e.name for e in spool.listdir(q[State.PARTIAL])) == \
@@ -388,7 +450,7 @@ async def test_recovery_by_another_daemon_never_takes_an_upload_being_created(
 
     async def then_recover(fn, durable=True):  # type: ignore[no-untyped-def]
         value = await submit(fn, durable)
-        recovered.append(recover(other))  # right after the commit, before create() returns
+        recovered.append(recover(other).counts)  # right after the commit, before create() returns
         return value
 
     spool.committer.submit = then_recover  # type: ignore[method-assign]
@@ -418,7 +480,7 @@ async def test_recovery_never_takes_an_upload_published_since_it_looked(tmp_path
     await spool.close(h, WHO)  # ... and its writer closes it: published
     other.r.unclosed_uploads = (  # type: ignore[method-assign]
         lambda after, limit: [e for e in listed if e.id > after][:limit])
-    counts = recover(other)
+    counts = recover(other).counts
     assert counts["uploads_to_partial"] == 0
     assert spool.lookup(q[State.READY], b"x").size == 5
     assert spool.listdir(q[State.PARTIAL]) == []
@@ -442,7 +504,7 @@ async def test_an_upload_is_held_until_its_close_has_published_it(tmp_path: Path
     seen: list[dict[str, int]] = []
 
     async def recovery_first(*args, **kw):  # type: ignore[no-untyped-def]
-        seen.append(recover(other))  # in the middle of the close
+        seen.append(recover(other).counts)  # in the middle of the close
         return await publish(*args, **kw)
 
     spool._publish_settled = recovery_first  # type: ignore[method-assign]

@@ -353,3 +353,17 @@ def test_what_recovery_judges_is_read_in_pages_by_id(store: Store) -> None:
     assert [b.id for b in page] == bids[:2] and page[0].data == b"0"
     assert [b.id for b in r.unreferenced_blobs(bids[1], 2)] == [bids[3], bids[4]]
     assert r.unreferenced_blobs(bids[4], 2) == []
+
+
+def test_the_highest_id_given_bounds_every_later_one(store: Store) -> None:
+    """Recovery removes the staging files above the highest id given before the mount
+    serves, and walks those at or below it later: no upload of the mount takes one of them."""
+    r = store.reader()
+    assert r.highest_entry_id() >= 1  # the root's
+    a = one(store, lambda tx: msg(tx, 1, b"a"))
+    b = one(store, lambda tx: msg(tx, 1, b"b"))
+    one(store, lambda tx: tx.delete(b.id))
+    assert r.highest_entry_id() == b.id > a.id  # a row deleted keeps its id given
+    ids = one(store, lambda tx: tx.reserve_entry_ids(3), durable=False)
+    assert one(store, lambda tx: tx.highest_entry_id()) == ids[-1] == r.highest_entry_id()
+    assert one(store, lambda tx: msg(tx, 1, b"c")).id > ids[-1]

@@ -330,15 +330,23 @@ class StagingDir:
         (blobs/freeing.py)."""
         return freeing.detach(self.path(entry_id))
 
-    def ids(self) -> Iterator[int]:
+    def ids(self, lo: int = 0, hi: int | None = None) -> Iterator[int]:
         """The ids of the staging files, a bucket at a time: gc and fsck hold a bucket's
-        names (``BUCKET_BITS``) and their page, however many uploads are left in ``partial/``."""
+        names (``BUCKET_BITS``) and their page, however many uploads are left in ``partial/``.
+        Only those from ``lo`` to ``hi`` (both included; no end when None): the buckets
+        outside are not read."""
         for b in os.listdir(self.root):
-            d = os.path.join(self.root, b)
             try:
-                names = os.listdir(d)
+                n = int(b, 16)
+            except ValueError:
+                n = None  # no bucket's name: read, whatever the range
+            if n is not None and (n < self.bucket_of(lo) or hi is not None
+                                  and n > self.bucket_of(hi)):
+                continue
+            try:
+                names = os.listdir(os.path.join(self.root, b))
             except (NotADirectoryError, FileNotFoundError):
                 continue
             for f in names:
-                if f.isdigit():
+                if f.isdigit() and lo <= int(f) and (hi is None or int(f) <= hi):
                     yield int(f)

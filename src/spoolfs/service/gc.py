@@ -129,14 +129,16 @@ def sweep_blob_rows(maint: Maintenance, blobs: BlobStore, candidates: Iterable[i
         blobs.remove(sha, bid)
 
 
-def _remove_old(path: str, grace_ns: int, now_ns: int, report: Report, what: str) -> bool:
-    """Unlink an orphan file once it is older than the grace period; counts what it frees
-    (nothing when it is a second link, e.g. a published upload's staging file)."""
+def _remove_old(path: str, grace_ns: int, now_ns: int | None, report: Report, what: str
+                ) -> bool:
+    """Unlink an orphan file once it is older than the grace period (whatever its age when
+    ``now_ns`` is None); counts what it frees (nothing when it is a second link, e.g. a
+    published upload's staging file)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    if _age_ns(st, now_ns) < grace_ns:
+    if now_ns is not None and _age_ns(st, now_ns) < grace_ns:
         report.young += 1
         return False
     try:
@@ -227,16 +229,42 @@ def sweep_blob_files(maint: Maintenance, blobs: BlobStore,
                 report.lines.append(f"removed orphan blob file {name} ({info.size} bytes)")
 
 
+def collect_staging_files(maint: Maintenance, staging: StagingDir, report: Report,
+                          stop: threading.Event | None = None, grace_ns: int = 0,
+                          now_ns: int | None = None, upto: int | None = None) -> bool:
+    """Mark and sweep the staging files without a staged message that no daemon holds, a
+    page at a time: the page's rows read (no lock), then the orphans swept. Only those older
+    than the grace period when ``now_ns`` is given, only ids up to ``upto`` when it is. False
+    when ``stop`` was set before the end (it stops at the next page)."""
+    for page in pages(staging.ids(hi=upto)):
+        if stop is not None and stop.is_set():
+            return False
+        with maint.read() as tx:
+            staged = tx.staged_among(page)
+        orphans = []
+        for sid in page:
+            if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
+                continue
+            if now_ns is not None and _old_enough(staging.path(sid), grace_ns, now_ns) is None:
+                report.young += os.path.lexists(staging.path(sid))
+                continue
+            orphans.append(sid)
+        sweep_staging(maint, staging, orphans, grace_ns, now_ns, report)
+    return True
+
+
 def sweep_staging(maint: Maintenance, staging: StagingDir, candidates: Iterable[int],
-                  grace_ns: int, now_ns: int, report: Report) -> None:
-    """Remove staging files without a staged message, older than the grace period, while
-    holding the write lock."""
+                  grace_ns: int, now_ns: int | None, report: Report) -> None:
+    """Remove staging files without a staged message, older than the grace period (any when
+    ``now_ns`` is None), while holding the write lock. The lock is asked before the row: a
+    file a daemon no longer holds has its row committed, or none will come (a shared store's
+    transaction is no lock over another host's commits)."""
     ids = sorted(set(candidates))
     if not ids:
         return
     with maint.write() as tx:
         for sid in ids:
-            if tx.is_staged(sid) or staging.held(sid):
+            if staging.held(sid) or tx.is_staged(sid):
                 continue
             if _remove_old(staging.path(sid), grace_ns, now_ns, report, "staging file"):
                 report.staging_files += 1
@@ -261,19 +289,10 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
                 collect_blob_files(maint, blobs, grace_ns, now, report, stop) is None:
             report.stopped = True
             return report
-        # staging files (as many as uploads under way): marked a page at a time, then swept
-        orphan_staging = []
-        for page in pages(staging.ids()):
-            with maint.read() as tx:
-                staged = tx.staged_among(page)
-            for sid in page:
-                if sid in staged or staging.held(sid):  # held: a daemon's file made ahead
-                    continue
-                if _old_enough(staging.path(sid), grace_ns, now) is None:
-                    report.young += os.path.lexists(staging.path(sid))
-                    continue
-                orphan_staging.append(sid)
-        sweep_staging(maint, staging, orphan_staging, grace_ns, now, report)
+        # staging files (as many as uploads under way): marked and swept a page at a time
+        if not collect_staging_files(maint, staging, report, stop, grace_ns, now):
+            report.stopped = True
+            return report
         pruned = maint.prune_changes(CHANGES_KEPT_S)
         if pruned:
             report.lines.append(f"pruned {pruned} change-log row(s) older than "
@@ -281,6 +300,22 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
     finally:
         maint.close()
     return report
+
+
+def crash_staging(place: Place, upto: int, stop: threading.Event | None = None
+                  ) -> tuple[bool, Report]:
+    """Recovery's staging files, once a mount serves (service/recovery.py): those with ids
+    up to ``upto`` (the highest the store had given when the mount began: no upload takes
+    one of them again) without a staged message that no daemon holds, whatever their age;
+    whether the walk ended (False: stopped by ``stop``, at the next page), and what was
+    removed."""
+    report = Report()
+    maint = place.maintenance()
+    try:
+        done = collect_staging_files(maint, place.staging, report, stop, upto=upto)
+    finally:
+        maint.close()
+    return done, report
 
 
 def crash_leftovers(place: Place, stop: threading.Event | None = None

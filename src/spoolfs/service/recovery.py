@@ -3,12 +3,20 @@
 - an upload into ``ready/`` that never closed is moved to ``partial/``: ``ready/`` only ever
   shows complete files (skipped while another daemon still has it open for writing);
 - staging files without a message (and held by no upload) are removed, and unreferenced blob
-  rows, under the store's write lock so no other daemon is mid-transaction;
+  rows, under the store's write lock so no other daemon is mid-transaction. Of the staging
+  files, only those above the highest entry id the store has given, before the mount serves:
+  a power cut can take the ids given back below the files of uploads it cut short (uploads
+  and reservations commit without fsync), and the mount's uploads take those ids again. The
+  files at or below it (``orphan_staging_files``), once the mount serves: an upload left in
+  ``partial/`` has one, and a million would hold up the mount for seconds. No upload takes
+  one of those ids again, so that a leftover harms nothing meanwhile, and no new file is
+  ever taken for one.
 - blob files without a blob row (``orphan_blob_files``) once the mount serves: a deep queue
   of large messages has a million files, whose walk would hold up the mount for a minute.
-  gc's mark and sweep do it, without a grace period: the walk and the row lookups take no
-  lock; only the files found orphaned are looked at again under it. An orphan file harms
-  nothing meanwhile: placing a blob over one replaces it.
+  An orphan file harms nothing meanwhile: placing a blob over one replaces it.
+
+Both walks are gc's mark and sweep, without a grace period: the walk and the row lookups
+take no lock; only the files found orphaned are looked at again under it.
 
 A store shared by several hosts takes no such lock: there, blob files and rows are left to
 gc, and only uploads staged on this host are judged.
@@ -21,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from typing import NamedTuple
 
 import trio
 
@@ -39,7 +48,14 @@ log = logging.getLogger(__name__)
 PAGE = 500
 
 
-def recover(spool: Spool) -> dict[str, int]:
+class Recovered(NamedTuple):
+    counts: dict[str, int]
+    #: the highest entry id given when the mount began: the staging files at or below it
+    #: are walked once the mount serves (``orphan_staging_files``)
+    staging_upto: int
+
+
+def recover(spool: Spool) -> Recovered:
     counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blobs_freed": 0}
     if spool.content.staging.adopt_flat_layout():
         log.info("recovery: staging files moved into the bucketed layout")
@@ -50,14 +66,14 @@ def recover(spool: Spool) -> dict[str, int]:
         if len(page) < PAGE:
             break
         after = page[-1].id
-    counts["staging_orphans"] = _staging_orphans(spool)
+    counts["staging_orphans"], upto = _staging_above(spool)
     if spool.place.embedded:
         # A shared store's blob files and rows are gc's: other hosts place content and commit
         # rows meanwhile, under no lock of ours (gc waits out a grace period: service/gc.py).
         counts["blobs_freed"] = _unreferenced_blobs(spool)
     if any(counts.values()):
         log.info("recovery: %s", ", ".join(f"{k}={v}" for k, v in counts.items()))
-    return counts
+    return Recovered(counts, upto)
 
 
 def _unclosed_to_partial(spool: Spool, e: Entry) -> bool:
@@ -91,27 +107,29 @@ def _unclosed_to_partial(spool: Spool, e: Entry) -> bool:
     return True
 
 
-def _staging_orphans(spool: Spool) -> int:
-    """Remove the staging files that no row names and no daemon holds, a page at a time, each
-    judged under the store's write lock (no other daemon is mid-transaction); how many. A new
-    upload's staging file is held before its row commits: a file nobody holds and no row
-    names is left over from a crash."""
+def _staging_above(spool: Spool) -> tuple[int, int]:
+    """Remove the staging files above the highest entry id the store has given that no row
+    names and no daemon holds, under the store's write lock (no other daemon is
+    mid-transaction or reserving ids); how many, and that id. A new upload's staging file is
+    held before its row commits: a file nobody holds and no row names is left over from a
+    crash. Those above the id are the few a power cut took the ids of (a bucket or two)."""
     staging = spool.content.staging
-    removed = 0
 
-    def judge(tx: WriteTx, page: list[int]) -> int:
-        staged = tx.staged_among(page)
-        orphans = [sid for sid in page if sid not in staged and not staging.held(sid)]
-        for sid in orphans:
-            staging.remove(sid)
-        return len(orphans)
+    def judge(tx: WriteTx) -> tuple[int, int]:
+        upto, removed = tx.highest_entry_id(), 0
+        for page in gc.pages(staging.ids(lo=upto + 1), PAGE):
+            staged = tx.staged_among(page)
+            for sid in page:
+                if sid not in staged and not staging.held(sid):
+                    staging.remove(sid)
+                    removed += 1
+        return removed, upto
 
-    for page in gc.pages(staging.ids(), PAGE):
-        ok, n = spool.store.run_batch([functools.partial(judge, page=page)], durable=False)[0]
-        if not ok:
-            raise n
-        removed += n
-    return removed
+    ok, found = spool.store.run_batch([judge], durable=False)[0]
+    if not ok:
+        raise found
+    removed, upto = found
+    return int(removed), int(upto)
 
 
 def _unreferenced_blobs(spool: Spool) -> int:
@@ -134,6 +152,24 @@ def _unreferenced_blobs(spool: Spool) -> int:
         if len(ids) < PAGE:
             return freed
         after = ids[-1]
+
+
+async def orphan_staging_files(spool: Spool, upto: int,
+                               stop: threading.Event | None = None) -> int:
+    """Remove the staging files a crash left with ids up to ``upto`` (``Recovered``): no
+    staged message names them and no daemon holds them; how many. Run once the mount serves,
+    in a worker thread, a page at a time (``gc.crash_staging``). ``stop``: set by an unmount
+    that will not wait for the end; the walk stops at its next page."""
+    start = time.monotonic()
+    done, report = await trio.to_thread.run_sync(gc.crash_staging, spool.place, upto, stop)
+    if not done:
+        log.warning("recovery: the walk of the staging files stopped by the unmount after "
+                    "%.1f s (%d left by a crash removed); the next mount walks them again",
+                    time.monotonic() - start, report.staging_files)
+    else:  # the line says when it is done: from then on, fsck beside the daemon finds none
+        log.info("recovery: staging files looked at in %.1f s, %d left by a crash removed",
+                 time.monotonic() - start, report.staging_files)
+    return report.staging_files
 
 
 async def orphan_blob_files(spool: Spool, stop: threading.Event | None = None) -> int:

@@ -230,6 +230,11 @@ class ReadTx(abc.ABC):
         """Blob rows no message holds any more."""
 
     @abc.abstractmethod
+    def highest_entry_id(self) -> int:
+        """The highest entry id the store has given, to a row or a reservation: every later
+        row and reservation takes a higher one (0 when none was given)."""
+
+    @abc.abstractmethod
     def all_blobs(self) -> list[Blob]: ...
 
 

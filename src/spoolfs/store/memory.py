@@ -166,6 +166,9 @@ class MemoryRead(ReadTx):
     def unreferenced_blobs(self, after: int, limit: int) -> list[Blob]:
         return [b for b in self.all_blobs() if b.refcount == 0 and b.id > after][:limit]
 
+    def highest_entry_id(self) -> int:
+        return self.s.next_entry - 1
+
     def all_blobs(self) -> list[Blob]:
         return [Blob(i, *b) for i, b in sorted(self.s.blobs.items())]
 

@@ -281,6 +281,13 @@ class PgRead(ReadTx):
         return [cast(Blob, _blob(r)) for r in self.q(
             f"{_BLOB} WHERE refcount=0 AND id>%s ORDER BY id LIMIT %s", (after, limit))]
 
+    def highest_entry_id(self) -> int:
+        # the sequence's, not the rows': a value drawn (by any host, any transaction, rolled
+        # back or not) is never drawn again; NULL before the first
+        rows = self.q("SELECT coalesce(pg_sequence_last_value("
+                      "pg_get_serial_sequence('entries', 'id')::regclass), 0)")
+        return int(rows[0][0])
+
     def all_blobs(self) -> list[Blob]:
         return [cast(Blob, _blob(r)) for r in self.q(f"{_BLOB} ORDER BY id")]
 

@@ -274,6 +274,13 @@ class SqliteRead(ReadTx):
             "SELECT id, sha256, size, refcount, data FROM blobs WHERE refcount=0 AND id>? "
             "ORDER BY id LIMIT ?", (after, limit))]
 
+    def highest_entry_id(self) -> int:
+        # AUTOINCREMENT gives ids above both (reserve_entry_ids raises the record)
+        row = self.conn.execute(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='entries'), 0), "
+            "coalesce((SELECT max(id) FROM entries), 0))").fetchone()
+        return int(row[0])
+
     def all_blobs(self) -> list[Blob]:
         return [Blob(*r) for r in
                 self.conn.execute("SELECT id, sha256, size, refcount, data FROM blobs ORDER BY id")]
