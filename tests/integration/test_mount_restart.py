@@ -85,7 +85,7 @@ def test_files_a_crash_left_are_gone_once_unmounted(mount: Mount, queue: Queue) 
     orphan.parent.mkdir(parents=True, exist_ok=True)
     orphan.write_bytes(b"a crash between the file and its row")
     staged = []
-    for sid in (gone, 999_999):  # a killed daemon's upload; one a power cut took the id of
+    for sid in (gone, 999_999):  # an id given, its row gone; one a power cut took back
         staged.append(mount.store / "staging" / f"{sid >> 12:x}" / str(sid))
         staged[-1].parent.mkdir(exist_ok=True)
         staged[-1].write_bytes(b"an upload whose row never committed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -18,11 +19,14 @@ from helpers.deep import file_messages, peak_bytes
 from helpers.spool import WHO, running, upload
 from helpers.spool import content as read
 from helpers.waiting import patience
+from spoolfs.blobs import files as files_module
+from spoolfs.blobs.files import StagingDir
 from spoolfs.core.rules import State
 from spoolfs.service import gc
 from spoolfs.service.content import INLINE_MAX
 from spoolfs.service.recovery import orphan_blob_files
 from spoolfs.service.spool import Spool
+from spoolfs.store.sqlite_maint import SqliteGcTx
 
 BIG = INLINE_MAX + 1000
 LATER = 3600 * gc.NS  # an hour on: every file made by the test is past the grace period
@@ -232,3 +236,55 @@ async def test_an_unmount_ends_a_collection_at_its_next_page(env: Env) -> None:
     r = gc.collect(spool.place, now_ns=time.time_ns() + LATER)
     assert not r.stopped and not os.path.exists(loose)
     assert r.blob_files == (0 if first_page_had_it else 1)
+
+
+async def test_a_staging_file_let_go_as_its_row_commits_is_kept(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a shared store a transaction locks no other host's commits: between the sweep's two
+    looks at a staging file, its upload's row can commit and its writer let go of it. The
+    lock is asked first: held then, the file stays; let go, its row is committed and seen."""
+    spool, _, _ = env
+    staging = spool.content.staging
+    sid = 99_999
+    held = staging.create(sid)
+    fcntl.flock(held, fcntl.LOCK_SH)  # an upload being created: its row not yet committed
+
+    def row_then_let_go(tx: SqliteGcTx, entry_id: int) -> bool:
+        os.close(held)  # the row commits after this look, and the writer lets go
+        return False
+    monkeypatch.setattr(SqliteGcTx, "is_staged", row_then_let_go)
+    report = gc.Report()
+    maint = spool.place.maintenance()
+    try:
+        gc.sweep_staging(maint, staging, [sid], 0, None, report)
+    finally:
+        maint.close()
+    assert os.path.exists(staging.path(sid)) and report.staging_files == 0
+    os.close(held)
+    staging.remove(sid)  # no row was ever to come: the test's alone
+
+
+def test_staging_ids_are_read_from_the_buckets_of_their_range(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recovery lists only the buckets above the highest id given before serving: one or two
+    of a million uploads' 245."""
+    staging = StagingDir(str(tmp_path / "staging"))
+    edge = 1 << StagingDir.BUCKET_BITS
+    made = [1, edge - 1, edge, edge + 1, 3 * edge + 5]
+    for sid in made:
+        os.close(staging.create(sid))
+    listed: list[str] = []
+    listdir = os.listdir
+
+    def listing(path: str) -> list[str]:
+        listed.append(os.path.basename(path))
+        return listdir(path)
+    monkeypatch.setattr(files_module.os, "listdir", listing)
+    assert sorted(staging.ids()) == made
+    assert sorted(staging.ids(lo=edge)) == [edge, edge + 1, 3 * edge + 5]
+    listed.clear()
+    assert sorted(staging.ids(lo=edge - 1, hi=edge)) == [edge - 1, edge]
+    assert sorted(listed) == ["0", "1", "staging"]
+    listed.clear()
+    assert list(staging.ids(lo=3 * edge + 6)) == []
+    assert sorted(listed) == ["3", "staging"]

@@ -321,6 +321,32 @@ async def test_recovery_walks_the_staging_files_of_ids_given_once_the_mount_serv
     assert Fsck(str(tmp_path)).run() == []
 
 
+async def test_recovery_asks_a_staging_files_lock_before_its_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared store's transaction locks no other daemon's commits: between recovery's two
+    looks at a staging file, an upload's row can commit and its writer let go of the file.
+    Held when asked first, it stays."""
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    staging = spool.content.staging
+    sid = spool.r.highest_entry_id() + 1
+    held = staging.create(sid)
+    fcntl.flock(held, fcntl.LOCK_SH)  # another daemon's new upload, its row to come
+    staged_among = SqliteRead.staged_among
+
+    def row_then_let_go(tx: SqliteRead, ids: Sequence[int]) -> set[int]:
+        if sid in ids:
+            os.close(held)  # the row commits after this look, and the writer lets go
+            return set()
+        return staged_among(tx, ids)
+    monkeypatch.setattr(SqliteRead, "staged_among", row_then_let_go)
+    assert recover(spool).counts["staging_orphans"] == 0
+    assert os.path.exists(staging.path(sid))
+    os.close(held)
+    staging.remove(sid)  # no row was ever to come: the test's alone
+    store.close()
+
+
 async def test_recovery_holds_a_page_of_what_it_judges(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A store with a million uploads left in ``partial/`` (each a staged row and a staging

@@ -118,9 +118,12 @@ def _staging_above(spool: Spool) -> tuple[int, int]:
     def judge(tx: WriteTx) -> tuple[int, int]:
         upto, removed = tx.highest_entry_id(), 0
         for page in gc.pages(staging.ids(lo=upto + 1), PAGE):
-            staged = tx.staged_among(page)
-            for sid in page:
-                if sid not in staged and not staging.held(sid):
+            # the lock before the row, as gc's sweep: a file no longer held has its row
+            # committed, or none will come (a shared store's transaction locks no other host)
+            unheld = [sid for sid in page if not staging.held(sid)]
+            staged = tx.staged_among(unheld)
+            for sid in unheld:
+                if sid not in staged:
                     staging.remove(sid)
                     removed += 1
         return removed, upto

@@ -92,6 +92,9 @@ class PgMaintenance(Maintenance):
     def write(self) -> Iterator[FsckTx]:
         try:
             with self.conn.transaction():
+                # each statement sees what committed before it, whatever the server's
+                # default: gc's sweep asks a file's lock, then its row (service/gc.py)
+                self.conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
                 yield self.tx
         except psycopg.Error as e:
             raise unavailable(e) from e
