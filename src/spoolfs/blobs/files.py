@@ -348,5 +348,5 @@ class StagingDir:
             except (NotADirectoryError, FileNotFoundError):
                 continue
             for f in names:
-                if f.isdigit() and lo <= int(f) and (hi is None or int(f) <= hi):
-                    yield int(f)
+                if f.isdigit() and lo <= (sid := int(f)) and (hi is None or sid <= hi):
+                    yield sid
