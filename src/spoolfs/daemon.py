@@ -25,7 +25,7 @@ from spoolfs.runtime import make_runtime_dir, pidfile
 from spoolfs.service import gc
 from spoolfs.service.follower import ChangeFeed, Follower
 from spoolfs.service.lifecycle import Lifecycle
-from spoolfs.service.recovery import orphan_blob_files, orphan_staging_files, recover
+from spoolfs.service.recovery import Recovered, orphan_blob_files, orphan_staging_files, recover
 from spoolfs.service.roles import STRICT_ROLES, Gate
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Store
@@ -114,7 +114,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
     spool = Spool(store, place)
     try:
         try:
-            staging_upto = recover(spool).staging_upto
+            recovered = recover(spool)
         except StoreFailure as e:  # the disk full, say: one line, as for the open above
             raise UserError(f"cannot recover store {place.name}: {e.hint}") from e
         spool.guard.make_reserve()
@@ -147,7 +147,7 @@ def serve(store_dir: str, mountpoint: str, queue: str | None, options: list[str]
                 f.write(f"{os.getpid()}\n")
             log.info("mounted %s on %s (pid %d)", place.name, mountpoint, os.getpid())
             try:
-                trio.run(_main, spool, staging_upto, functools.partial(on_ready, notes), listeners,
+                trio.run(_main, spool, recovered, functools.partial(on_ready, notes), listeners,
                          root_id if root_id != 1 else None, instruments=session.install())
             finally:
                 pyfuse3.close(unmount=True)
@@ -217,7 +217,7 @@ def _served_over_nfs(device_record: str, number: str) -> None:
         log.warning("nfs_export: the device number NFS clients see was not recorded: %s", e)
 
 
-async def _main(spool: Spool, staging_upto: int, on_ready: Callable[[], None],
+async def _main(spool: Spool, recovered: Recovered, on_ready: Callable[[], None],
                 listeners: list[socket.socket] | None = None,
                 only_queue: int | None = None) -> None:
     lifecycle = Lifecycle(spool)
@@ -239,7 +239,7 @@ async def _main(spool: Spool, staging_upto: int, on_ready: Callable[[], None],
             tasks.append(follower.run)
         nursery.start_soon(_run_in, timers, *tasks)
         swept, stop_sweep = trio.Event(), threading.Event()
-        nursery.start_soon(_sweep_files, spool, staging_upto, swept, stop_sweep)
+        nursery.start_soon(_sweep_files, spool, recovered, swept, stop_sweep)
         if listeners:  # serving before the mount is reported ready
             await nursery.start(_metrics, metrics, listeners, spool, only_queue)
         on_ready()
@@ -269,12 +269,12 @@ async def _metrics(scope: trio.CancelScope, listeners: list[socket.socket], spoo
                                  task_status=task_status)
 
 
-async def _sweep_files(spool: Spool, staging_upto: int, done: trio.Event,
+async def _sweep_files(spool: Spool, recovered: Recovered, done: trio.Event,
                        stop: threading.Event) -> None:
     """Recovery's last part, while the mount serves (service/recovery.py); see ``end_sweep``."""
     try:
         try:
-            await orphan_staging_files(spool, staging_upto, stop)
+            await orphan_staging_files(spool, recovered, stop)
         except Exception:  # never take the mount down with it: gc finds the same files later
             log.exception("recovery: staging files left by a crash not looked for")
         if not stop.is_set():

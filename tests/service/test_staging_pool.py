@@ -9,6 +9,8 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import trio
@@ -131,7 +133,7 @@ async def test_files_made_ahead_are_left_alone_by_gc_fsck_and_another_daemons_re
         others = Spool(other, str(tmp_path))
         recovered = recover(others)
         assert recovered.counts["staging_orphans"] == 0
-        assert await orphan_staging_files(others, recovered.staging_upto) == 0
+        assert await orphan_staging_files(others, recovered) == 0
     finally:
         other.close()
     assert files(staging) == ahead
@@ -160,7 +162,7 @@ async def test_unmount_removes_the_files_and_recovery_those_a_crash_left(
         assert len(files(staging)) == 2
         recovered = recover(spool)  # their ids were reserved: walked once the mount serves
         assert recovered.counts["staging_orphans"] == 0 and len(files(staging)) == 2
-        assert await orphan_staging_files(spool, recovered.staging_upto) == 2
+        assert await orphan_staging_files(spool, recovered) == 2
         assert files(staging) == set()
 
 
@@ -232,3 +234,24 @@ def test_staging_ids_are_read_a_bucket_at_a_time(
     first = next(it)
     assert len(listed) == 2  # the buckets, and the first bucket's names only
     assert sorted([first, *it]) == ids
+
+
+def test_the_staging_clock_orders_files_by_their_change(tmp_path: Path) -> None:
+    """Recovery's walk after serving removes only files changed before the mount began, by
+    the file system's own stamps: whatever its tick, a file changed just before the clock is
+    read is older, one changed just after is not."""
+    staging = StagingDir(str(tmp_path / "staging"))
+    for _ in range(20):
+        os.close(staging.create(1))
+        now = staging.clock_ns()
+        os.close(staging.create(2))
+        assert os.stat(staging.path(1)).st_ctime_ns < now <= os.stat(staging.path(2)).st_ctime_ns
+    stamps = iter([5, 5, 5])
+    staging_root = staging.root
+
+    def frozen(path: str) -> Any:  # a clock that does not tick within the wait
+        assert path == staging_root
+        return SimpleNamespace(st_ctime_ns=next(stamps, 5))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "stat", frozen)
+        assert staging.clock_ns(wait_s=0.003) == 5  # that tick's files count as changed after

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -235,6 +236,21 @@ class StagingDir:
                 os.replace(os.path.join(self.root, f), self.path(int(f)))
                 moved += 1
         return moved
+
+    def clock_ns(self, wait_s: float = 0.02) -> int:
+        """Now, as the file system stamps a file it changes (its clock's tick, its timestamps'
+        granularity): a file changed from now on has a ctime of this or later, one changed
+        before has an earlier one. Waits for the next tick, ``wait_s`` at most (1 ms here);
+        then files changed in the last tick before count as changed after."""
+        def stamp() -> int:
+            os.utime(self.root)
+            return os.stat(self.root).st_ctime_ns
+        first, end = stamp(), time.monotonic() + wait_s
+        while True:
+            now = stamp()
+            if now > first or time.monotonic() >= end:
+                return now
+            time.sleep(0.001)
 
     def bucket_of(self, entry_id: int) -> int:
         """The number of the bucket (directory) that holds ``entry_id``'s file."""

@@ -302,17 +302,19 @@ def collect(where: str | Place, grace_ns: int = GRACE_NS, now_ns: int | None = N
     return report
 
 
-def crash_staging(place: Place, upto: int, stop: threading.Event | None = None
-                  ) -> tuple[bool, Report]:
+def crash_staging(place: Place, upto: int, before_ns: int,
+                  stop: threading.Event | None = None) -> tuple[bool, Report]:
     """Recovery's staging files, once a mount serves (service/recovery.py): those with ids
-    up to ``upto`` (the highest the store had given when the mount began: no upload takes
-    one of them again) without a staged message that no daemon holds, whatever their age;
-    whether the walk ended (False: stopped by ``stop``, at the next page), and what was
-    removed."""
+    up to ``upto`` (the highest the store had given when the mount began) without a staged
+    message, that no daemon holds, last changed before ``before_ns`` (the mount's start by
+    the staging directory's clock: a file of an upload that took one of those ids again
+    after a database server's crash is newer); whether the walk ended (False: stopped by
+    ``stop``, at the next page), and what was removed (``young``: the files kept as newer)."""
     report = Report()
     maint = place.maintenance()
     try:
-        done = collect_staging_files(maint, place.staging, report, stop, upto=upto)
+        done = collect_staging_files(maint, place.staging, report, stop, grace_ns=1,
+                                     now_ns=before_ns, upto=upto)
     finally:
         maint.close()
     return done, report

@@ -9,8 +9,9 @@
   and reservations commit without fsync), and the mount's uploads take those ids again. The
   files at or below it (``orphan_staging_files``), once the mount serves: an upload left in
   ``partial/`` has one, and a million would hold up the mount for seconds. No upload takes
-  one of those ids again, so that a leftover harms nothing meanwhile, and no new file is
-  ever taken for one.
+  one of those ids again, so that a leftover harms nothing meanwhile; a file changed since
+  the mount began is kept all the same (a database server that crashes during the mount can
+  take the ids given back below the bound, as a power cut can here).
 - blob files without a blob row (``orphan_blob_files``) once the mount serves: a deep queue
   of large messages has a million files, whose walk would hold up the mount for a minute.
   An orphan file harms nothing meanwhile: placing a blob over one replaces it.
@@ -53,12 +54,16 @@ class Recovered(NamedTuple):
     #: the highest entry id given when the mount began: the staging files at or below it
     #: are walked once the mount serves (``orphan_staging_files``)
     staging_upto: int
+    #: when the mount began, by the staging directory's clock: that walk removes only files
+    #: changed before it
+    staging_before_ns: int
 
 
 def recover(spool: Spool) -> Recovered:
     counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blobs_freed": 0}
     if spool.content.staging.adopt_flat_layout():
         log.info("recovery: staging files moved into the bucketed layout")
+    before_ns = spool.content.staging.clock_ns()
     after = 0
     while True:  # found by index: mounting costs the same however deep the queues
         page = spool.r.unclosed_uploads(after, PAGE)
@@ -73,7 +78,7 @@ def recover(spool: Spool) -> Recovered:
         counts["blobs_freed"] = _unreferenced_blobs(spool)
     if any(counts.values()):
         log.info("recovery: %s", ", ".join(f"{k}={v}" for k, v in counts.items()))
-    return Recovered(counts, upto)
+    return Recovered(counts, upto, before_ns)
 
 
 def _unclosed_to_partial(spool: Spool, e: Entry) -> bool:
@@ -157,14 +162,22 @@ def _unreferenced_blobs(spool: Spool) -> int:
         after = ids[-1]
 
 
-async def orphan_staging_files(spool: Spool, upto: int,
+async def orphan_staging_files(spool: Spool, recovered: Recovered,
                                stop: threading.Event | None = None) -> int:
-    """Remove the staging files a crash left with ids up to ``upto`` (``Recovered``): no
-    staged message names them and no daemon holds them; how many. Run once the mount serves,
-    in a worker thread, a page at a time (``gc.crash_staging``). ``stop``: set by an unmount
-    that will not wait for the end; the walk stops at its next page."""
+    """Remove the staging files a crash left with ids up to ``recovered.staging_upto``: no
+    staged message names them, no daemon holds them, and they were last changed before the
+    mount began; how many. Run once the mount serves, in a worker thread, a page at a time
+    (``gc.crash_staging``). ``stop``: set by an unmount that will not wait for the end; the
+    walk stops at its next page."""
     start = time.monotonic()
-    done, report = await trio.to_thread.run_sync(gc.crash_staging, spool.place, upto, stop)
+    done, report = await trio.to_thread.run_sync(
+        gc.crash_staging, spool.place, recovered.staging_upto, recovered.staging_before_ns,
+        stop)
+    if report.young:  # an id given again (a database server's crash), or a file of the
+        # mount's first moment: gc's grace period judges them
+        log.warning("recovery: %d staging file(s) with ids given before the mount but changed "
+                    "since it began kept; gc removes them if no upload claims them",
+                    report.young)
     if not done:
         log.warning("recovery: the walk of the staging files stopped by the unmount after "
                     "%.1f s (%d left by a crash removed); the next mount walks them again",
