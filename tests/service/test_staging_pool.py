@@ -255,3 +255,28 @@ def test_the_staging_clock_orders_files_by_their_change(tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "stat", frozen)
         assert staging.clock_ns(wait_s=0.003) == 5  # that tick's files count as changed after
+
+
+def test_staging_sizes_open_each_bucket_once_in_id_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The status snapshot sizes every upload: a million, in id order, are looked up in their
+    bucket's open directory, each bucket opened once; a file or a bucket that is missing
+    has no size."""
+    staging = StagingDir(str(tmp_path / "staging"))
+    per_bucket = 1 << StagingDir.BUCKET_BITS
+    for i, size in ((1, 3), (2, 0), (per_bucket + 1, 7)):
+        fd = staging.create(i)
+        os.write(fd, b"x" * size)
+        os.close(fd)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counted(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)
+    monkeypatch.setattr(os, "open", counted)
+    items = [(1, "a"), (2, "b"), (3, "c"), (per_bucket + 1, "d"), (5 * per_bucket, "e")]
+    got = list(staging.sizes(items, key=lambda item: item[0]))
+    assert got == [((1, "a"), 3), ((2, "b"), 0), ((3, "c"), None),
+                   ((per_bucket + 1, "d"), 7), ((5 * per_bucket, "e"), None)]
+    assert len(opened) == 3  # one per bucket, the missing one included

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
@@ -81,13 +82,10 @@ def snapshot(r: ReadTx, where: str | Place, policy_of: PolicyOf, now: int | None
             c["in_flight"] += count
             c["oldest_claim_age_s"] = age
             c["next_lease_end_s"] = None if lease is None else round((lease - now) / NS, 3)
-    staging = place.staging
-    for eid, qid, state in by_id(r.uploads, PAGE):  # sizes of uploads are their files'
-        if qid in queues:
-            try:
-                queues[qid]["states"][state]["bytes"] += os.stat(staging.path(eid)).st_size
-            except OSError:
-                pass
+    uploads = (u for u in by_id(r.uploads, PAGE) if u[1] in queues)  # in id order
+    for (_, qid, state), size in place.staging.sizes(uploads, key=itemgetter(0)):
+        if size is not None:  # sizes of uploads are their files'
+            queues[qid]["states"][state]["bytes"] += size
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / NS)),
         "store": place.name,
