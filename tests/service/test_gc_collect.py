@@ -23,7 +23,7 @@ from spoolfs.blobs import files as files_module
 from spoolfs.blobs.files import StagingDir
 from spoolfs.core.rules import State
 from spoolfs.service import gc
-from spoolfs.service.content import INLINE_MAX
+from spoolfs.service.content import INLINE_MAX, Handle
 from spoolfs.service.recovery import orphan_blob_files
 from spoolfs.service.spool import Spool
 from spoolfs.store.sqlite_maint import SqliteGcTx
@@ -262,6 +262,42 @@ async def test_a_staging_file_let_go_as_its_row_commits_is_kept(
     assert os.path.exists(staging.path(sid)) and report.staging_files == 0
     os.close(held)
     staging.remove(sid)  # no row was ever to come: the test's alone
+
+
+async def test_an_upload_made_under_a_leftovers_id_as_it_is_swept_keeps_its_file(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id given again (a database server's crash takes its sequence back) can name a
+    leftover the sweep is removing: the upload opens that file and locks it while the sweep
+    looks at it. The sweep holds the file's lock until it is unlinked; the upload, once it
+    gets its lock, finds it unlinked and makes it again."""
+    spool, _, _ = env
+    staging = spool.content.staging
+    sid = 99_998
+    os.close(staging.create(sid))  # left by a crash
+    threads: list[threading.Thread] = []
+    handles: list[Handle] = []
+
+    def upload_meanwhile(tx: SqliteGcTx, entry_id: int) -> bool:
+        t = threading.Thread(target=lambda: handles.append(spool.content.new_upload(entry_id)))
+        t.start()  # its create opens the leftover; its lock waits while the sweep holds one
+        t.join(0.3)
+        threads.append(t)
+        return False  # its row is not committed yet
+    monkeypatch.setattr(SqliteGcTx, "is_staged", upload_meanwhile)
+    report = gc.Report()
+    maint = spool.place.maintenance()
+    try:
+        gc.sweep_staging(maint, staging, [sid], 0, None, report)
+    finally:
+        maint.close()
+    threads[0].join()
+    h = handles[0]
+    assert report.staging_files == 1  # the leftover
+    assert os.path.exists(staging.path(sid)), "the upload's file was removed"
+    assert os.fstat(h.fd).st_ino == os.lstat(staging.path(sid)).st_ino
+    assert staging.held(sid)
+    h.close()
+    staging.remove(sid)
 
 
 def test_staging_ids_are_read_from_the_buckets_of_their_range(

@@ -873,3 +873,25 @@ async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
         assert len(asked) == 1, asked
         assert spool.get(mid).parent == w1.id
     store.close()
+
+
+async def test_a_staging_directory_whose_clock_cannot_be_read_leaves_leftovers_to_gc(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recovery reads the staging directory's clock by setting its times: where that fails,
+    the mount goes on, and the walk after serving removes nothing (gc does, later)."""
+    store = open_store(str(tmp_path))
+    spool = Spool(store, str(tmp_path))
+    staging = spool.content.staging
+    ok, given = store.run_batch([lambda tx: tx.reserve_entry_ids(1)], True)[0]
+    os.close(staging.create(given[0]))  # left by a crash
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "utime", refused)
+    recovered = recover(spool)
+    monkeypatch.undo()
+    assert recovered.staging_before_ns == 0
+    assert await orphan_staging_files(spool, recovered) == 0
+    assert sorted(staging.ids()) == [given[0]]
+    assert gc.collect(str(tmp_path), grace_ns=0).staging_files == 1
+    store.close()

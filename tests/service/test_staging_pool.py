@@ -5,6 +5,7 @@ and recovery what a crash left."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import AsyncIterator
@@ -280,3 +281,31 @@ def test_staging_sizes_open_each_bucket_once_in_id_order(
     assert got == [((1, "a"), 3), ((2, "b"), 0), ((3, "c"), None),
                    ((per_bucket + 1, "d"), 7), ((5 * per_bucket, "e"), None)]
     assert len(opened) == 3  # one per bucket, the missing one included
+
+
+def test_a_staging_file_removed_before_its_lock_is_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remover unlinks a file under its lock (``remove_unheld``): a new upload whose file
+    went between its ``open`` and its lock finds it unlinked once locked, and makes it
+    again; the file it holds is the one its id names."""
+    staging = StagingDir(str(tmp_path / "staging"))
+    real_flock = fcntl.flock
+    removed: list[int] = []
+
+    def flock(fd: int, op: int) -> None:
+        if not removed:  # the sweep's unlink, just before this lock
+            removed.append(fd)
+            os.unlink(staging.path(7))
+        real_flock(fd, op)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    fd = staging.create_locked(7)
+    monkeypatch.undo()
+    try:
+        assert removed and os.fstat(fd).st_ino == os.lstat(staging.path(7)).st_ino
+        assert os.fstat(fd).st_nlink == 1 and staging.held(7)
+        assert staging.remove_unheld(7, lambda st: True) is None  # held: kept
+    finally:
+        os.close(fd)
+    assert staging.remove_unheld(7, lambda st: False) is None  # not orphaned: kept
+    assert staging.remove_unheld(7, lambda st: True) is not None
+    assert not os.path.exists(staging.path(7))

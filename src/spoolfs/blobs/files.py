@@ -23,6 +23,8 @@ from spoolfs.core.errors import StoreFailure
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: how often a new upload's staging file is made again when a remover took it meanwhile
+RECREATE_TRIES = 100
 
 CHUNK = 1 << 20
 #: the store is its owner's alone (store/private.py); files are made 0600
@@ -275,6 +277,57 @@ class StagingDir:
         self._bucket(entry_id)
         return os.open(self.path(entry_id), os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
 
+    def create_locked(self, entry_id: int) -> int:
+        """``create``, then locked (shared), and still its id's file once locked: a remover
+        (``remove_unheld``) takes the file's lock before it unlinks it, so a file it removed
+        between the ``open`` and the lock is found unlinked here, and made again."""
+        for _ in range(RECREATE_TRIES):
+            fd = self.create(entry_id)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                if self._names(fd, entry_id) is not None:
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise OSError(errno.EAGAIN, "staging file removed again and again as it was made",
+                      self.path(entry_id))
+
+    def _names(self, fd: int, entry_id: int) -> os.stat_result | None:
+        """The stat of ``fd`` if ``entry_id``'s path still names that file."""
+        st = os.fstat(fd)
+        try:
+            now = os.lstat(self.path(entry_id))
+        except FileNotFoundError:
+            return None
+        return st if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev) else None
+
+    def remove_unheld(self, entry_id: int, orphaned: Callable[[os.stat_result], bool]
+                      ) -> os.stat_result | None:
+        """Remove the staging file if no daemon holds it and ``orphaned`` (asked with its stat,
+        while this holds its lock) says so; its stat if removed. Its lock is held until it
+        is unlinked: an upload that made the file meanwhile finds it gone once it gets its
+        lock (``create_locked``), and one that holds it keeps it."""
+        try:
+            fd = os.open(self.path(entry_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    return None  # held
+                raise
+            st = self._names(fd, entry_id)
+            if st is None or not orphaned(st):
+                return None
+            os.unlink(self.path(entry_id))
+            return st
+        finally:
+            os.close(fd)
+
     def open_bucket(self, entry_id: int) -> int:
         """A descriptor of the directory of ``entry_id``'s bucket (made on first use), for
         ``create_held``: the caller closes it."""
@@ -294,8 +347,15 @@ class StagingDir:
             try:
                 os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
             except FileExistsError:  # an id used again after a power cut lost its row
-                self.remove(entry_id)
-                os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
+                for _ in range(RECREATE_TRIES):  # (a sweep may hold the leftover a moment)
+                    self.remove_unheld(entry_id, lambda st: True)
+                    try:
+                        os.link(f"/proc/self/fd/{fd}", str(entry_id), dst_dir_fd=bucket)
+                        break
+                    except FileExistsError:
+                        time.sleep(0.001)
+                else:
+                    raise
         except BaseException:
             os.close(fd)
             raise

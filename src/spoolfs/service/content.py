@@ -380,8 +380,7 @@ class Content:
                 os.utime(made)
                 fd = made
             else:
-                fd = self.staging.create(entry_id)
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                fd = self.staging.create_locked(entry_id)
         except OSError as e:
             raise staging_error(e, f"staging file of {entry_id}") from e
         h = Handle(entry_id, fd, None, True, sealed=False)

@@ -129,27 +129,6 @@ def sweep_blob_rows(maint: Maintenance, blobs: BlobStore, candidates: Iterable[i
         blobs.remove(sha, bid)
 
 
-def _remove_old(path: str, grace_ns: int, now_ns: int | None, report: Report, what: str
-                ) -> bool:
-    """Unlink an orphan file once it is older than the grace period (whatever its age when
-    ``now_ns`` is None); counts what it frees (nothing when it is a second link, e.g. a
-    published upload's staging file)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if now_ns is not None and _age_ns(st, now_ns) < grace_ns:
-        report.young += 1
-        return False
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    report.bytes += st.st_size if st.st_nlink <= 1 else 0
-    report.lines.append(f"removed orphan {what} {path} ({st.st_size} bytes)")
-    return True
-
-
 def _old_object(blobs: BlobStore, name: str, grace_ns: int, now_ns: int, report: Report
                 ) -> ObjectInfo | None:
     """A stored object's info if it is older than the grace period (a younger one is
@@ -256,18 +235,29 @@ def collect_staging_files(maint: Maintenance, staging: StagingDir, report: Repor
 def sweep_staging(maint: Maintenance, staging: StagingDir, candidates: Iterable[int],
                   grace_ns: int, now_ns: int | None, report: Report) -> None:
     """Remove staging files without a staged message, older than the grace period (any when
-    ``now_ns`` is None), while holding the write lock. The lock is asked before the row: a
-    file a daemon no longer holds has its row committed, or none will come (a shared store's
-    transaction is no lock over another host's commits)."""
+    ``now_ns`` is None), while holding the write lock. Each file's own lock is taken before
+    its row is asked, and held until it is unlinked (``StagingDir.remove_unheld``): a file a
+    daemon no longer holds has its row committed, or none will come (a shared store's
+    transaction is no lock over another host's commits), and an upload that makes the file
+    meanwhile finds it gone once it gets its lock, and makes it again."""
     ids = sorted(set(candidates))
     if not ids:
         return
     with maint.write() as tx:
         for sid in ids:
-            if staging.held(sid) or tx.is_staged(sid):
-                continue
-            if _remove_old(staging.path(sid), grace_ns, now_ns, report, "staging file"):
+            def orphaned(st: os.stat_result, sid: int = sid) -> bool:  # under the file's lock
+                if tx.is_staged(sid):
+                    return False
+                if now_ns is not None and _age_ns(st, now_ns) < grace_ns:
+                    report.young += 1
+                    return False
+                return True
+            st = staging.remove_unheld(sid, orphaned)
+            if st is not None:
                 report.staging_files += 1
+                report.bytes += st.st_size if st.st_nlink <= 1 else 0
+                report.lines.append(f"removed orphan staging file {staging.path(sid)} "
+                                    f"({st.st_size} bytes)")
 
 
 # --------------------------------------------------------------------------- collection

@@ -63,7 +63,12 @@ def recover(spool: Spool) -> Recovered:
     counts = {"uploads_to_partial": 0, "staging_orphans": 0, "blobs_freed": 0}
     if spool.content.staging.adopt_flat_layout():
         log.info("recovery: staging files moved into the bucketed layout")
-    before_ns = spool.content.staging.clock_ns()
+    try:
+        before_ns = spool.content.staging.clock_ns()
+    except OSError as e:  # the walk after serving then removes nothing: gc's, later
+        log.warning("recovery: the staging directory's clock not read (%s): the staging "
+                    "files a crash left are left to gc", e)
+        before_ns = 0
     after = 0
     while True:  # found by index: mounting costs the same however deep the queues
         page = spool.r.unclosed_uploads(after, PAGE)
@@ -120,6 +125,9 @@ def _staging_above(spool: Spool) -> tuple[int, int]:
     crash. Those above the id are the few a power cut took the ids of (a bucket or two)."""
     staging = spool.content.staging
 
+    def unstaged(tx: WriteTx, sid: int, _: os.stat_result) -> bool:
+        return sid not in tx.staged_among([sid])
+
     def judge(tx: WriteTx) -> tuple[int, int]:
         upto, removed = tx.highest_entry_id(), 0
         for page in gc.pages(staging.ids(lo=upto + 1), PAGE):
@@ -127,9 +135,9 @@ def _staging_above(spool: Spool) -> tuple[int, int]:
             # committed, or none will come (a shared store's transaction locks no other host)
             unheld = [sid for sid in page if not staging.held(sid)]
             staged = tx.staged_among(unheld)
-            for sid in unheld:
-                if sid not in staged:
-                    staging.remove(sid)
+            for sid in unheld:  # looked at again under the file's lock (gc.sweep_staging)
+                if sid not in staged and staging.remove_unheld(
+                        sid, functools.partial(unstaged, tx, sid)) is not None:
                     removed += 1
         return removed, upto
 
