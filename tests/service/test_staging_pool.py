@@ -255,7 +255,9 @@ def test_the_staging_clock_orders_files_by_their_change(tmp_path: Path) -> None:
         return SimpleNamespace(st_ctime_ns=next(stamps, 5))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "stat", frozen)
+        start = time.monotonic()
         assert staging.clock_ns(wait_s=0.003) == 5  # that tick's files count as changed after
+        assert time.monotonic() - start >= 0.003  # it waited for a tick that never came
 
 
 def test_staging_sizes_open_each_bucket_once_in_id_order(
