@@ -238,6 +238,17 @@ async def test_an_unmount_ends_a_collection_at_its_next_page(env: Env) -> None:
     assert r.blob_files == (0 if first_page_had_it else 1)
 
 
+def sweep_staging(spool: Spool, sid: int) -> gc.Report:
+    """gc's sweep of one staging file, with no grace period."""
+    report = gc.Report()
+    maint = spool.place.maintenance()
+    try:
+        gc.sweep_staging(maint, spool.content.staging, [sid], 0, None, report)
+    finally:
+        maint.close()
+    return report
+
+
 async def test_a_staging_file_let_go_as_its_row_commits_is_kept(
         env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a shared store a transaction locks no other host's commits: between the sweep's two
@@ -253,12 +264,7 @@ async def test_a_staging_file_let_go_as_its_row_commits_is_kept(
         os.close(held)  # the row commits after this look, and the writer lets go
         return False
     monkeypatch.setattr(SqliteGcTx, "is_staged", row_then_let_go)
-    report = gc.Report()
-    maint = spool.place.maintenance()
-    try:
-        gc.sweep_staging(maint, staging, [sid], 0, None, report)
-    finally:
-        maint.close()
+    report = sweep_staging(spool, sid)
     assert os.path.exists(staging.path(sid)) and report.staging_files == 0
     os.close(held)
     staging.remove(sid)  # no row was ever to come: the test's alone
@@ -284,12 +290,7 @@ async def test_an_upload_made_under_a_leftovers_id_as_it_is_swept_keeps_its_file
         threads.append(t)
         return False  # its row is not committed yet
     monkeypatch.setattr(SqliteGcTx, "is_staged", upload_meanwhile)
-    report = gc.Report()
-    maint = spool.place.maintenance()
-    try:
-        gc.sweep_staging(maint, staging, [sid], 0, None, report)
-    finally:
-        maint.close()
+    report = sweep_staging(spool, sid)
     threads[0].join()
     h = handles[0]
     assert report.staging_files == 1  # the leftover
