@@ -310,16 +310,12 @@ class StagingDir:
         is unlinked: an upload that made the file meanwhile finds it gone once it gets its
         lock (``create_locked``), and one that holds it keeps it."""
         try:
-            fd = os.open(self.path(entry_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = self._unheld(entry_id)
         except FileNotFoundError:
             return None
+        if fd is None:
+            return None  # held
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    return None  # held
-                raise
             st = self._names(fd, entry_id)
             if st is None or not orphaned(st):
                 return None
@@ -384,18 +380,30 @@ class StagingDir:
         written, or a new upload's file made ahead (service/staging_pool.py). Not left over
         from a crash, whatever any row says."""
         try:
-            fd = os.open(self.path(entry_id), os.O_RDONLY)
+            fd = self._unheld(entry_id)
         except FileNotFoundError:
             return False
+        if fd is None:
+            return True
+        os.close(fd)
+        return False
+
+    def _unheld(self, entry_id: int) -> int | None:
+        """The staging file open and locked (exclusive), or None if a daemon holds it;
+        FileNotFoundError if there is none. (A link in its place is locked through: its
+        path names another file, which ``remove_unheld`` leaves.)"""
+        fd = os.open(self.path(entry_id), os.O_RDONLY | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return True
-            raise
-        finally:
             os.close(fd)
-        return False
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def remove(self, entry_id: int) -> None:
         try:

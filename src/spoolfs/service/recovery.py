@@ -130,15 +130,11 @@ def _staging_above(spool: Spool) -> tuple[int, int]:
 
     def judge(tx: WriteTx) -> tuple[int, int]:
         upto, removed = tx.highest_entry_id(), 0
-        for page in gc.pages(staging.ids(lo=upto + 1), PAGE):
-            # the lock before the row, as gc's sweep: a file no longer held has its row
+        for sid in staging.ids(lo=upto + 1):
+            # its row asked under its lock, as gc's sweep: a file no longer held has its row
             # committed, or none will come (a shared store's transaction locks no other host)
-            unheld = [sid for sid in page if not staging.held(sid)]
-            staged = tx.staged_among(unheld)
-            for sid in unheld:  # looked at again under the file's lock (gc.sweep_staging)
-                if sid not in staged and staging.remove_unheld(
-                        sid, functools.partial(unstaged, tx, sid)) is not None:
-                    removed += 1
+            if staging.remove_unheld(sid, functools.partial(unstaged, tx, sid)) is not None:
+                removed += 1
         return removed, upto
 
     ok, found = spool.store.run_batch([judge], durable=False)[0]
