@@ -256,3 +256,40 @@ def test_an_upload_written_on_one_host_is_refused_on_another(
         ns.close()
     a.umount()
     fsck_clean(pg_url)
+
+
+def test_a_role_that_does_not_own_the_database_runs_the_spool_with_the_readmes_grants(
+        mounter: MountFactory, pg_url: str, tmp_path: Path) -> None:
+    """The README's grants (every table; the sequences' USAGE) are all a role other than the
+    database's owner needs once the first mount made the tables: publish, claim, finish, a
+    restart's recovery (it reads the entries' sequence), fsck and gc. Without USAGE on the
+    sequences the mount is one line that names the sequence."""
+    owner = mounter(pg_url, tmp_path / "m0", extra=["--blobs", str(tmp_path / "blobs")])
+    owner.umount()
+    role = f"spool_{pg_url.rsplit('/', 1)[1]}"  # roles are the server's: one per test database
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        c.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    url = pg_url.replace("postgres@", f"{role}@", 1)
+    m = mounter(url, tmp_path / "m1")
+    q = Queue.create(m.path, "q", tmp_path / "scratch")
+    data = q.publish("a", os.urandom(10_000))
+    q.publish("b", b"second")
+    ok("mv", q.ready / "a", q.consumer("w1"))
+    ok("mv", q.working / "w1/a", q.success)
+    ok("mv", q.ready / "b", q.consumer("w1"))
+    m.kill9()  # "b" stays claimed; the next mount recovers as this role
+    m = mounter(url, tmp_path / "m1")
+    assert ls(q.working / "w1") == ["b"] and read(q.success / "a") == data
+    m.umount()
+    fsck_clean(url)
+    res = spoolfs_cli("gc", url, timeout=120)
+    assert res.returncode == 0, res.stderr.decode(errors="replace")
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute(f"REVOKE USAGE ON ALL SEQUENCES IN SCHEMA public FROM {role}")
+        c.execute(f"GRANT UPDATE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    other = mounter(url, tmp_path / "m2", start=False)
+    (tmp_path / "m2").mkdir()
+    line = one_line_error(spoolfs_cli(*other.argv, timeout=60))
+    assert "permission denied for sequence entries_id_seq" in line, line
