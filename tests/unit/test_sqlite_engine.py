@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from helpers.sqlite_log import trees_written
 from spoolfs.core.rules import State
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
 from spoolfs.store.registry import open_store
@@ -208,22 +209,6 @@ def test_a_query_while_a_worker_thread_holds_a_batch_open(tmp_path: Path) -> Non
 
 # ---- what a transition writes to the log ---------------------------------------------------
 
-def written_trees(store: Store, fn: Callable[[WriteTx], Any]) -> list[str]:
-    """The b-trees (tables and indexes) whose pages ``fn``'s durable commit put in the log."""
-    db = Path(store.path)  # type: ignore[attr-defined]
-    conn = sqlite3.connect(db)
-    try:
-        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
-        store.run_batch([fn], True)
-        log = Path(f"{db}-wal").read_bytes()
-        frame = 24 + PAGE_SIZE
-        pages = [int.from_bytes(log[at:at + 4], "big") for at in range(32, len(log), frame)]
-        tree = dict(conn.execute("SELECT pageno, name FROM dbstat"))
-    finally:
-        conn.close()
-    return sorted({tree.get(p, "?") for p in pages})
-
-
 def test_a_claim_writes_no_index_that_no_query_reads(tmp_path: Path) -> None:
     """A claim changes a message's directory, state, lease and owner, and adds its history
     row: its commit writes the pages of those and of nothing else. An index by queue and state
@@ -233,7 +218,8 @@ def test_a_claim_writes_no_index_that_no_query_reads(tmp_path: Path) -> None:
     q = store.run_batch([mkdir(1, b"q")], True)[0][1].id
     ready = store.run_batch([mkdir(q, b"ready")], True)[0][1].id
     view = store.run_batch([mkdir(q, b"c")], True)[0][1].id
-    fill(store, ready, 300, State.READY, queue=q, enqueued_ns=1)
+    b = store.run_batch([lambda tx: tx.blob_insert(b"\1" * 32, 1, b"x", refs=300)], True)[0][1]
+    fill(store, ready, 300, State.READY, queue=q, enqueued_ns=1, blob=b)
     store.close()
     conn = sqlite3.connect(tmp_path / "s" / "meta.db")  # as an earlier version left it
     conn.execute("CREATE INDEX IF NOT EXISTS entries_queue_state "
@@ -250,13 +236,14 @@ def test_a_claim_writes_no_index_that_no_query_reads(tmp_path: Path) -> None:
                            claimed_ns=2, attempts=1, lease_ns=3, consumer="c", uid=0, gid=0,
                            ctime_ns=2)
             tx.add_history(m.id, 2, "claim", "ready", "working/c", 0, 1, None)
-        trees = written_trees(store, claim)
+        with trees_written(Path(store.path)) as trees:  # type: ignore[attr-defined]
+            store.run_batch([claim], True)
         counts = {row[1]: row[3] for row in store.reader().stats()}
     finally:
         store.close()
-    # the row, its name and directory, its lease, its history; entries_blob_queue because a
+    # the row, its name and directory, its lease, its history; entries_sharing because a
     # row's parent is a foreign key into its own table, which makes SQLite rewrite every index
-    assert trees == ["entries", "entries_blob_queue", "entries_lease", "entries_parent",
+    assert sorted(trees) == ["entries", "entries_lease", "entries_parent", "entries_sharing",
                      "history", "history_entry", "sqlite_autoindex_entries_1",
                      "sqlite_sequence"], trees
     assert counts == {"ready": 299, "working": 1}

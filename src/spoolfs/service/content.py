@@ -498,15 +498,16 @@ class Content:
         blob = tx.blob_by_sha(sealed.sha256)
         if blob is not None:
             bid = blob.id
+            tx.blob_ref(bid, 1)
         elif sealed.blob_id is not None:
-            bid = tx.blob_insert(sealed.sha256, sealed.size, None, blob_id=sealed.blob_id)
+            bid = tx.blob_insert(sealed.sha256, sealed.size, None, blob_id=sealed.blob_id,
+                                 refs=1)
         else:
             if self.blobs.remote and sealed.data is None:
                 raise StoreFailure("content for a remote blob store was not stored first")
-            bid = tx.blob_insert(sealed.sha256, sealed.size, sealed.data)
+            bid = tx.blob_insert(sealed.sha256, sealed.size, sealed.data, refs=1)
             if sealed.data is None:
                 self.blobs.place(sealed.staging_path, sealed.sha256, bid)
-        tx.blob_ref(bid, 1)
         tx.update(entry_id, blob=bid, staged=0, size=sealed.size, mtime_ns=sealed.mtime_ns)
 
     def release(self, tx: WriteTx, entry: Entry, cleanup: list[tuple[str, object]]) -> None:

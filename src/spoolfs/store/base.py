@@ -291,9 +291,10 @@ class WriteTx(ReadTx):
 
     @abc.abstractmethod
     def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
-                    blob_id: int | None = None) -> int:
-        """A new blob row (refcount 0); ``blob_id``: one from ``Store.reserve_blob_id``,
-        under which a remote blob store already holds the content."""
+                    blob_id: int | None = None, refs: int = 0) -> int:
+        """A new blob row with ``refs`` references (a publish's content: 1, counted as it is
+        inserted); ``blob_id``: one from ``Store.reserve_blob_id``, under which a remote blob
+        store already holds the content."""
 
     @abc.abstractmethod
     def blob_ref(self, blob_id: int, delta: int) -> int:

@@ -299,14 +299,14 @@ class MemoryWrite(MemoryRead, WriteTx):
         return None
 
     def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
-                    blob_id: int | None = None) -> int:
+                    blob_id: int | None = None, refs: int = 0) -> int:
         if self.blob_by_sha(sha256) is not None:
             raise IntegrityError("UNIQUE constraint failed: blobs.sha256")
         if blob_id is not None and blob_id in self.s.blobs:
             raise IntegrityError("UNIQUE constraint failed: blobs.id")
         bid = self.s.next_blob if blob_id is None else blob_id
         self.s.next_blob = max(self.s.next_blob, bid + 1)
-        self.s.blobs[bid] = [bytes(sha256), size, 0, data]
+        self.s.blobs[bid] = [bytes(sha256), size, refs, data]
         return bid
 
     def blob_ref(self, blob_id: int, delta: int) -> int:

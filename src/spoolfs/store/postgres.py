@@ -468,17 +468,17 @@ class PgWrite(PgRead, WriteTx):
                (dst, src))
 
     def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
-                    blob_id: int | None = None) -> int:
+                    blob_id: int | None = None, refs: int = 0) -> int:
         """A new blob row; ``blob_id`` one from ``reserve_blob_id`` (content stored under
         that id before this transaction). The service sends no inline ``data`` to this
         engine: content lives in the blob store."""
         if blob_id is None:
             row = self.q1("INSERT INTO blobs (sha256, size, refcount, data) "
-                          "VALUES (%s, %s, 0, %s) RETURNING id", (sha256, size, data))
+                          "VALUES (%s, %s, %s, %s) RETURNING id", (sha256, size, refs, data))
         else:
             row = self.q1("INSERT INTO blobs (id, sha256, size, refcount, data) "
-                          "VALUES (%s, %s, %s, 0, %s) RETURNING id",
-                          (blob_id, sha256, size, data))
+                          "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                          (blob_id, sha256, size, refs, data))
         assert row is not None
         return int(row[0])
 

@@ -97,9 +97,13 @@ CREATE INDEX IF NOT EXISTS entries_purgeable ON entries(queue, state, finished_n
 -- publish wrote two of its pages to the log.
 DROP INDEX IF EXISTS entries_queue_state;
 -- The messages sharing a content, by queue and time in ready/: a publish's duplicate check
--- (the earliest in the window) reads one row however many copies the content has.
+-- (the earliest in the window) reads one row however many copies the content has. Uploads
+-- (no content yet) are not in it: an upload's create writes no page of it, and its publish
+-- one (three when it held uploads too).
 DROP INDEX IF EXISTS entries_blob;
-CREATE INDEX IF NOT EXISTS entries_blob_queue ON entries(blob, queue, enqueued_ns);
+DROP INDEX IF EXISTS entries_blob_queue;
+CREATE INDEX IF NOT EXISTS entries_sharing ON entries(blob, queue, enqueued_ns)
+    WHERE blob IS NOT NULL;
 -- A directory's entries in id order (the rowid follows the parent in the index): listings
 -- and recovery read a directory a page at a time.
 CREATE INDEX IF NOT EXISTS entries_parent ON entries(parent);

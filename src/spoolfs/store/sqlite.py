@@ -407,10 +407,10 @@ class SqliteWrite(SqliteRead, WriteTx):
         return Blob(*row) if row else None
 
     def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
-                    blob_id: int | None = None) -> int:
+                    blob_id: int | None = None, refs: int = 0) -> int:
         cur = self.conn.execute(
-            "INSERT INTO blobs (id, sha256, size, refcount, data) VALUES (?, ?, ?, 0, ?)",
-            (blob_id, sha256, size, data))
+            "INSERT INTO blobs (id, sha256, size, refcount, data) VALUES (?, ?, ?, ?, ?)",
+            (blob_id, sha256, size, refs, data))
         return cast(int, cur.lastrowid)  # set after an INSERT
 
     def blob_ref(self, blob_id: int, delta: int) -> int:
