@@ -99,7 +99,7 @@ DROP INDEX IF EXISTS entries_queue_state;
 -- The messages sharing a content, by queue and time in ready/: a publish's duplicate check
 -- (the earliest in the window) reads one row however many copies the content has. Uploads
 -- (no content yet) are not in it: an upload's create writes no page of it, and its publish
--- one (three when it held uploads too).
+-- one (three while uploads were in it: one where it left them, two where it arrived).
 DROP INDEX IF EXISTS entries_blob;
 DROP INDEX IF EXISTS entries_blob_queue;
 CREATE INDEX IF NOT EXISTS entries_sharing ON entries(blob, queue, enqueued_ns)
