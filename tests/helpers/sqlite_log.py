@@ -16,7 +16,8 @@ from spoolfs.store.sqlite import PAGE_SIZE
 def trees_written(db: Path) -> Iterator[Counter[str]]:
     """The b-trees written to ``db``'s log by what runs inside the block: how many of each
     one's pages, in the counter given (filled when the block ends). The log is checkpointed
-    and emptied first, so that it holds only the block's commits."""
+    and emptied first, so that it holds only the block's commits. Page 1 (the file's
+    header, written whenever the file grows) is left out."""
     conn = sqlite3.connect(db)
     try:
         busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
@@ -27,6 +28,6 @@ def trees_written(db: Path) -> Iterator[Counter[str]]:
         frame = 24 + PAGE_SIZE
         pages = {int.from_bytes(log[at:at + 4], "big") for at in range(32, len(log), frame)}
         tree = dict(conn.execute("SELECT pageno, name FROM dbstat"))
-        out.update(tree.get(p, "?") for p in pages)
+        out.update(tree.get(p, "?") for p in pages if p != 1)
     finally:
         conn.close()

@@ -262,8 +262,8 @@ def test_a_role_that_does_not_own_the_database_runs_the_spool_with_the_readmes_g
         mounter: MountFactory, pg_url: str, tmp_path: Path) -> None:
     """The README's grants (every table; the sequences' USAGE) are all a role other than the
     database's owner needs once the first mount made the tables: publish, claim, finish, a
-    restart's recovery (it reads the entries' sequence), fsck and gc. Without USAGE on the
-    sequences the mount is one line that names the sequence."""
+    restart's recovery (it reads the entries' sequence), a removal, fsck and gc. Without
+    USAGE on the sequences the mount is one line that names the sequence."""
     owner = mounter(pg_url, tmp_path / "m0", extra=["--blobs", str(tmp_path / "blobs")])
     owner.umount()
     role = f"spool_{pg_url.rsplit('/', 1)[1]}"  # roles are the server's: one per test database
@@ -282,6 +282,8 @@ def test_a_role_that_does_not_own_the_database_runs_the_spool_with_the_readmes_g
     m.kill9()  # "b" stays claimed; the next mount recovers as this role
     m = mounter(url, tmp_path / "m1")
     assert ls(q.working / "w1") == ["b"] and read(q.success / "a") == data
+    ok("rm", q.success / "a")
+    assert ls(q.success) == []
     m.umount()
     fsck_clean(url)
     res = spoolfs_cli("gc", url, timeout=120)

@@ -114,6 +114,9 @@ def test_blob_refcounts(store: Store) -> None:
     assert one(store, lambda tx: tx.blob_by_sha(sha)).data == b"abc"
     with pytest.raises(Exception):
         one(store, lambda tx: tx.blob_insert(sha, 3, b"abc"))  # one row per content
+    # a publish's new content is counted as it is inserted
+    counted = one(store, lambda tx: tx.blob_insert(b"\2" * 32, 1, None, refs=1))
+    assert one(store, lambda tx: tx.blob_ref(counted, 1)) == 2
 
 
 def test_xattrs_follow_links_and_cascade(store: Store) -> None:
