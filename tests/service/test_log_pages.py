@@ -10,7 +10,7 @@ from helpers.sqlite_log import trees_written
 from spoolfs.core.rules import State
 
 
-async def test_an_upload_and_its_publish_write_one_page_of_each_index_they_change(
+async def test_an_upload_is_in_no_index_of_contents_and_its_publish_counts_a_new_one_at_once(
         tmp_path: Path) -> None:
     """An upload is no content yet: it is in no index of contents, so its create writes no
     page of it, and its publish none where it leaves (only where the message arrives: 2,000
