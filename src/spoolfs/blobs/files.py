@@ -260,16 +260,19 @@ class StagingDir:
         """The number of the bucket (directory) that holds ``entry_id``'s file."""
         return entry_id >> self.BUCKET_BITS
 
+    def _bucket_dir(self, bucket: int) -> str:
+        return os.path.join(self.root, f"{bucket:x}")
+
     def _bucket(self, entry_id: int) -> str:
         b = self.bucket_of(entry_id)
-        d = os.path.join(self.root, f"{b:x}")
+        d = self._bucket_dir(b)
         if b not in self._made:
             os.makedirs(d, PRIVATE_DIR, exist_ok=True)
             self._made.add(b)
         return d
 
     def path(self, entry_id: int) -> str:
-        return os.path.join(self.root, f"{self.bucket_of(entry_id):x}", str(entry_id))
+        return os.path.join(self._bucket_dir(self.bucket_of(entry_id)), str(entry_id))
 
     def create(self, entry_id: int) -> int:
         """An empty staging file for a new upload (its bucket made on first use), open for
@@ -431,7 +434,7 @@ class StagingDir:
                         os.close(fd)
                     bucket, fd = self.bucket_of(eid), -1
                     try:
-                        fd = os.open(os.path.join(self.root, f"{bucket:x}"),
+                        fd = os.open(self._bucket_dir(bucket),
                                      os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                     except OSError:
                         pass  # no bucket: none of its files
