@@ -105,15 +105,22 @@ def test_bench_shell_cycle(tmp_path: Path) -> None:
 
 
 def test_bench_multi_host_row(tmp_path: Path, pg_url: str, s3_url: str) -> None:
-    """The multi-host row: the small-file cycle and the claims race on PostgreSQL + S3, side by
-    side with the embedded store; the bench's queues do not stay in the shared store."""
+    """The multi-host row: the small-file cycle, the claims race and the seed-004 pattern on
+    PostgreSQL + S3, side by side with the embedded store. The seed's consumers are split over
+    two daemons of the shared store, as over two hosts (the embedded side: two mounts of its
+    store); every file reaches success/ once. The bench's queues do not stay in the shared
+    store."""
     report = bench(tmp_path, "--files", "40", "--only", "small", "--only", "claims",
+                   "--only", "seed", "--seed-files", "30", "--seed-consumers", "4",
                    "--store", pg_url, "--blobs", s3_url)
     mh = report["multihost"]
-    assert set(mh["results"]) == {"small", "claims"}
+    assert set(mh["results"]) == {"small", "claims", "seed"}
     for key, r in mh["results"].items():
         assert r["embedded"] > 0 and r["shared"] > 0 and r["ratio"] > 0, (key, r)
-    assert mh["results"]["claims"]["verified"] is True
+    for key in ("claims", "seed"):
+        assert mh["results"][key]["verified"] is True, mh["results"][key]
+        assert mh["results"][key]["problems"] == []
+    assert mh["mounts"] == 2, "the seed's second host: a second daemon of the shared store"
     from spoolfs.store.postgres import PostgresStore
 
     s = PostgresStore(pg_url)

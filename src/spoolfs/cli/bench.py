@@ -16,8 +16,9 @@ the default four):
 With ``small``, the FUSE requests each step of the cycle costs follow, by operation.
 
 With ``--store postgresql://... --blobs s3://...|DIR`` a multi-host row follows: the small-file
-cycle and the claims race on a spool of that store (mounted in a fresh queue of it, each round
-its own), side by side with the embedded store's figures.
+cycle, the claims race and the seed-004 pattern on a spool of that store (in a fresh queue of
+it, each round its own; the seed's consumers over two daemons of it, as over two hosts), side by
+side with the embedded store's figures.
 
 The figure of each workload is the median of its rounds. Nothing here is a pass/fail threshold.
 """
@@ -521,8 +522,10 @@ def problems_of(res: Result) -> dict[str, Any]:
 
 
 def run_multihost(args: argparse.Namespace, shared: Side, embedded: Side) -> dict[str, Any]:
-    """The small-file cycle and the claims race on the shared store, interleaved round by round
-    with the embedded one's: (embedded, shared, ratio shared/embedded) per workload."""
+    """The small-file cycle, the claims race and the seed-004 pattern on the shared store,
+    interleaved round by round with the embedded one's: (embedded, shared, ratio
+    shared/embedded) per workload. The seed's consumers are split over two mounts of each
+    store: two daemons of the shared one, as on two hosts."""
     k = args.consumers
     out: dict[str, Any] = {}
     sides = {"embedded": embedded, "shared": shared}
@@ -533,9 +536,14 @@ def run_multihost(args: argparse.Namespace, shared: Side, embedded: Side) -> dic
     def race(s: Side, q: str) -> Round:
         return claims(s.queue(q, k), args.files, k)
 
+    def seed(s: Side, q: str) -> Round:
+        return checked(benchloads.seed([s.queue(q).path, os.path.join(s.second, q)],
+                                       args.seed_files, args.seed_consumers))
+
     workloads: list[tuple[str, str, str, Callable[[Side, str], Round]]] = [
         ("small", "small-file cycle", "files/s", small),
-        ("claims", f"claims, {k} consumers", "claims/s", race)]
+        ("claims", f"claims, {k} consumers", "claims/s", race),
+        ("seed", f"seed-004, {args.seed_consumers} consumers", "files/s", seed)]
     for key, label, unit, one in workloads:
         if key not in args.only:
             continue
@@ -549,7 +557,7 @@ def run_multihost(args: argparse.Namespace, shared: Side, embedded: Side) -> dic
         sh = statistics.median(x.rate for x in rates["shared"])
         out[key] = {"label": label, "unit": unit, "embedded": round(e, 1), "shared": round(sh, 1),
                     "ratio": round(sh / e, 3) if e else None}
-        if key == "claims":
+        if key != "small":  # each round checked every file: claimed (or finished) once
             problems = [p for n in sides for x in rates[n] for p in x.extra["problems"]]
             out[key]["verified"] = not problems
             out[key]["problems"] = problems
@@ -710,6 +718,8 @@ def render(report: dict[str, Any]) -> str:
             ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
             rows.append(f"{r['label']:<28}{fmt(r['embedded'], r['unit']):>18}"
                         f"{fmt(r['shared'], r['unit']):>18}{ratio:>9}")
+        for r in [r for r in mh["results"].values() if not r.get("verified", True)]:
+            rows.append(f"{r['label']} (multi-host row): PROBLEMS: " + "; ".join(r["problems"]))
     fs = report["filesystem"]
     memory = " (in memory, not a disk!)" if fs["type"] in ("tmpfs", "ramfs") else ""
     rows.append(f"\nfilesystem: {fs['type']}{memory} at {report['dir']}; plain dirs and store "
@@ -758,8 +768,10 @@ def parser() -> argparse.ArgumentParser:
                    "in another queue) for the deep small-file cycle (default 100000)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--store", metavar="postgresql://...",
-                   help="also run the small-file cycle and the claims race on this multi-host "
-                   "store (in fresh queues of it), side by side with the embedded store")
+                   help="also run the small-file cycle, the claims race and (when it runs) "
+                   "the seed-004 pattern on this multi-host store (in fresh queues of it; the "
+                   "seed's consumers over two daemons of it), side by side with the embedded "
+                   "store")
     p.add_argument("--blobs", metavar="s3://BUCKET/PREFIX|DIR",
                    help="with --store: where its content is (needed at its first mount)")
     return p
@@ -818,23 +830,32 @@ def bench_multihost(args: argparse.Namespace, base: str, embedded: Side) -> dict
     """Mount the multi-host store beside the embedded one and run its row."""
     from spoolfs.store.site import shown
 
-    mnt, log = os.path.join(base, "mnt-shared"), os.path.join(base, "daemon-shared.log")
-    os.mkdir(mnt)
+    # the seed's consumers on two daemons of the store, as on two hosts
+    mnts = [os.path.join(base, n) for n in
+            (("mnt-shared", "mnt-shared2") if "seed" in args.only else ("mnt-shared",))]
     extra = ("--blobs", args.blobs) if args.blobs else ()
+    mounted: list[str] = []
     try:
-        mount(args.store, mnt, log, extra)
-    except UserError as e:
-        raise BenchError(str(e)) from e
-    made = os.listdir(mnt)
-    try:
-        results = run_multihost(args, Side("shared", mnt, False), embedded)
+        for i, mnt in enumerate(mnts):
+            os.mkdir(mnt)
+            try:
+                mount(args.store, mnt, os.path.join(base, f"daemon-shared{i or ''}.log"),
+                      extra)
+            except UserError as e:
+                raise BenchError(str(e)) from e
+            mounted.append(mnt)
+        made = os.listdir(mnts[0])
+        try:
+            results = run_multihost(args, Side("shared", mnts[0], False, mnts[-1]), embedded)
+        finally:
+            for q in sorted(set(os.listdir(mnts[0])) - set(made)):  # the queues this run made
+                remove_queue(os.path.join(mnts[0], q))
     finally:
-        for q in sorted(set(os.listdir(mnt)) - set(made)):  # the queues this run made
-            remove_queue(os.path.join(mnt, q))
-        if not unmount(mnt):
-            print(f"spoolfs bench: could not unmount {mnt}", file=sys.stderr)
+        for mnt in reversed(mounted):
+            if not unmount(mnt):
+                print(f"spoolfs bench: could not unmount {mnt}", file=sys.stderr)
     return {"store": shown(args.store), "blobs": args.blobs or "(recorded in the store)",
-            "results": results}
+            "mounts": len(mnts), "results": results}
 
 
 def bench(args: argparse.Namespace, base: str) -> int:
@@ -878,8 +899,8 @@ def bench(args: argparse.Namespace, base: str) -> int:
         if stuck:
             print(f"spoolfs bench: could not unmount {', '.join(stuck)}", file=sys.stderr)
     verified = all(r.get("verified", True) for r in report["results"].values())
-    verified = verified and report.get("multihost", {}).get("results", {}).get(
-        "claims", {}).get("verified", True)
+    verified = verified and all(r.get("verified", True) for r in report.get(
+        "multihost", {}).get("results", {}).values())
     report["ok"] = verified and unmounted
     print(json.dumps(report, indent=2) if args.json else render(report))
     if not verified:
