@@ -517,6 +517,7 @@ def test_a_claim_is_four_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatc
                  if line.startswith("F\t")]
         waits = sends.count("Query") + sends.count("Sync") - sends.count("Parse")
         assert waits == 4, sent
+        assert "pg_temp.spoolfs_commit(" in sent  # the session's function, not the statement
         r = store.reader()
         got, dirs = r.get(e.id), (r.get(ready), r.get(working))
         assert got is not None and (got.parent, got.state) == (working, State.WORKING)
@@ -525,3 +526,70 @@ def test_a_claim_is_four_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatc
     finally:
         store.close()
         trace.close()
+
+
+def _commit_function_on(store: PostgresStore) -> bool:
+    """Whether the pool's connections have the commit's function (pg_temp: each session
+    its own)."""
+    with store._conn() as conn:  # noqa: SLF001 (the pool's connection, as a batch gets it)
+        row = conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'spoolfs_commit' "
+                           "AND pronamespace = pg_my_temp_schema()").fetchone()
+    return row is not None and row[0] == 1
+
+
+def _history_and_changes(store: PostgresStore, entry_id: int, start: int
+                         ) -> tuple[list[str], list[tuple[int | None, bytes | None]]]:
+    r = store.reader()
+    return ([h[1] for h in r.history(entry_id)],
+            [(c.parent, c.name) for c in store.changes_since(start) if c.entry_id == entry_id])
+
+
+def _commits_of_every_kind(store: PostgresStore) -> None:
+    """A batch with changes and history, one with changes only, one with history only, one
+    with neither: each commits what it made, in order, and only changes notify."""
+    start = store.last_change()
+    e = one(store, lambda tx: msg(tx, 1, b"fn"))  # changes, no history
+    assert _history_and_changes(store, e.id, start) == ([], [(1, b"fn")])
+
+    def moved(tx: WriteTx) -> None:  # changes and two history rows, in order
+        assert tx.move(e.id, 1, b"fn", 1, b"fn2", state=State.WORKING)
+        tx.add_history(e.id, 2, "claim", "ready", "working", 0, 1, None)
+        tx.add_history(e.id, 3, "renew", "working", "working", None, None, "why")
+    one(store, moved)
+    one(store, lambda tx: tx.add_history(e.id, 4, "note", None, None, 0, 1, None))  # history
+    one(store, lambda tx: tx.get(e.id))  # neither
+    assert _history_and_changes(store, e.id, start) == (
+        ["claim", "renew", "note"], [(1, b"fn"), (1, b"fn2")])
+
+
+def test_a_commit_sends_its_change_and_history_rows_through_the_sessions_function(
+        two) -> None:  # type: ignore[no-untyped-def]
+    """A commit's change-log and history rows, its lock and its notification go in one
+    function made in each session (planned once there), called with the COMMIT in one
+    message, instead of one statement the server parses and plans at every commit."""
+    a, b = two
+    assert _commit_function_on(a)
+    assert b.wait_changes(0.01) is False
+    _commits_of_every_kind(a)
+    assert b.wait_changes(30) is True  # the changes notified the other daemon
+
+
+def test_a_role_without_temporary_privilege_commits_without_the_function(
+        pg_server: PgServer) -> None:
+    """A database that lets a role make no temporary object: the commit's statement is sent
+    in full, as before the function, and everything still commits."""
+    url = pg_server.new_database()
+    PostgresStore(url).close()  # the schema, made by its owner
+    role = f"nt{os.getpid()}"
+    db = url.rsplit("/", 1)[1]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        c.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+        c.execute(f'REVOKE TEMPORARY ON DATABASE "{db}" FROM PUBLIC')
+    store = PostgresStore(url.replace("postgresql://postgres@", f"postgresql://{role}@"))
+    try:
+        assert not _commit_function_on(store)
+        _commits_of_every_kind(store)
+    finally:
+        store.close()

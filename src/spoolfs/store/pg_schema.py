@@ -11,6 +11,39 @@ LOCK_CHANGES = 0x5370_6F6F_6C02
 
 CHANNEL = "spoolfs_changes"
 
+#: What a commit writes besides its own rows (store/postgres.py, ``_commit``): the change-log
+#: rows under the lock that numbers them in commit order, the history rows in the order they
+#: were made, and the notification (only with changes). A function of each session (pg_temp:
+#: no schema change, nothing shared between hosts), made when the connection opens, so that
+#: its statements are planned once per session instead of parsed and planned at every commit
+#: (0.15-0.2 ms less per commit here).
+COMMIT_FUNCTION = """CREATE FUNCTION pg_temp.spoolfs_commit(
+    lock_key bigint, origin text,
+    c_entry bigint[], c_parent bigint[], c_name bytea[], c_old_parent bigint[],
+    c_old_name bytea[],
+    h_entry bigint[], h_at bigint[], h_action text[], h_src text[], h_dst text[],
+    h_uid bigint[], h_pid bigint[], h_reason text[], channel text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF cardinality(c_entry) > 0 THEN
+    PERFORM pg_advisory_xact_lock(lock_key);
+    INSERT INTO changes (entry, parent, name, old_parent, old_name, origin)
+      SELECT c.*, origin FROM unnest(c_entry, c_parent, c_name, c_old_parent, c_old_name) AS c;
+  END IF;
+  INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, reason)
+    SELECT h.entry, h.at_ns, h.action, h.src, h.dst, h.uid, h.pid, h.reason
+    FROM unnest(h_entry, h_at, h_action, h_src, h_dst, h_uid, h_pid, h_reason)
+      WITH ORDINALITY AS h(entry, at_ns, action, src, dst, uid, pid, reason, n)
+    ORDER BY h.n;
+  IF cardinality(c_entry) > 0 THEN
+    PERFORM pg_notify(channel, origin);
+  END IF;
+END $$"""
+COMMIT_CALL = ("SELECT pg_temp.spoolfs_commit(%s, %s, %s::bigint[], %s::bigint[], "
+               "%s::bytea[], %s::bigint[], %s::bytea[], %s::bigint[], %s::bigint[], "
+               "%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[], "
+               "%s)")
+
 #: Version 2's indexes (store/schema.py says what each is for): a directory's subdirectories,
 #: the finished messages the retention sweep may purge, the messages sharing a content by
 #: queue and time. Each lets its query read only the rows it returns, however deep the queues.
