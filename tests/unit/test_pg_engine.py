@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -591,5 +592,62 @@ def test_a_role_without_temporary_privilege_commits_without_the_function(
     try:
         assert not _commit_function_on(store)
         _commits_of_every_kind(store)
+    finally:
+        store.close()
+
+
+def test_a_read_only_role_opens_the_store_and_is_refused_its_writes_at_once(
+        pg_server: PgServer) -> None:
+    """The function cannot be made on a read-only server or for a read-only role: the
+    connections are still handed out (a read through the pool works), and a write is refused
+    by the server, not by a pool that has no connection to give."""
+    url = pg_server.new_database()
+    PostgresStore(url).close()
+    role = f"ro{os.getpid()}"
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+        c.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        c.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+        c.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
+    store = PostgresStore(url.replace("postgresql://postgres@", f"postgresql://{role}@"))
+    try:
+        assert not _commit_function_on(store)
+        with store.scan() as r:
+            root = r.get(1)
+        assert root is not None
+        with pytest.raises(StoreFailure, match="read-only"):
+            one(store, lambda tx: msg(tx, 1, b"refused"))
+    finally:
+        store.close()
+
+
+def test_a_session_that_lost_its_function_fails_one_commit_then_says_it_all(
+        pg_url: str) -> None:
+    """Something between the daemon and the server that resets a session drops its temporary
+    function: that connection's next commit fails (EIO for its requests, nothing half-done),
+    and its later ones send the statement in full."""
+    store = PostgresStore(pg_url)
+    try:
+        one(store, lambda tx: msg(tx, 1, b"before"))
+        n = store._pool.get_stats()["pool_size"]  # noqa: SLF001 (every connection it made)
+        with contextlib.ExitStack() as held:
+            for _ in range(n):
+                held.enter_context(store._conn()).execute("DISCARD TEMP")  # noqa: SLF001
+        failed = 0
+        for i in range(n + 1):
+            try:
+                one(store, lambda tx, i=i: msg(tx, 1, b"lost%d" % i))
+            except StoreFailure as e:
+                assert "spoolfs_commit" in str(e)
+                failed += 1
+            else:
+                break
+        assert 1 <= failed <= n  # one commit per connection that lost it, at most
+        for i in range(failed):
+            assert store.reader().lookup(1, b"lost%d" % i) is None  # rolled back whole
+        start = store.last_change()
+        for i in range(2 * n):  # every connection again, each saying it all
+            e = one(store, lambda tx, i=i: msg(tx, 1, b"after%d" % i))
+            assert _history_and_changes(store, e.id, start)[1] == [(1, b"after%d" % i)]
     finally:
         store.close()

@@ -52,7 +52,8 @@ STATES = ("partial", "ready", "working", "success", "error")
 WORKLOADS = ("small", "claims", "shell", "large", "producers", "seed", "deep")
 SIDES = ("plain", "spoolfs")
 # the main mount, the seed's second one, the deep cycle's empty store, the multi-host store
-MOUNTS = ("mnt", "mnt2", "mnt-empty", "mnt-shared")
+# and its second daemon (the seed's): none may be left mounted when the bench's directory goes
+MOUNTS = ("mnt", "mnt2", "mnt-empty", "mnt-shared", "mnt-shared2")
 SMALL_SIZE = 1024
 CHUNK = 1 << 20
 STEPS = ("write", "publish", "claim", "read", "finish")
@@ -521,11 +522,13 @@ def problems_of(res: Result) -> dict[str, Any]:
     return {"problems": problems, "verified": not problems}
 
 
-def run_multihost(args: argparse.Namespace, shared: Side, embedded: Side) -> dict[str, Any]:
-    """The small-file cycle, the claims race and the seed-004 pattern on the shared store,
-    interleaved round by round with the embedded one's: (embedded, shared, ratio
-    shared/embedded) per workload. The seed's consumers are split over two mounts of each
-    store: two daemons of the shared one, as on two hosts."""
+def run_multihost(args: argparse.Namespace, shared: Side, embedded: Side,
+                  only: tuple[str, ...]) -> dict[str, Any]:
+    """Of the small-file cycle, the claims race and the seed-004 pattern, those in ``only``
+    and ``args.only``, on the shared store, interleaved round by round with the embedded
+    one's: (embedded, shared, ratio shared/embedded) per workload. The seed's consumers are
+    split over two mounts of each store (``Side.second``): two daemons of the shared one, as
+    on two hosts."""
     k = args.consumers
     out: dict[str, Any] = {}
     sides = {"embedded": embedded, "shared": shared}
@@ -545,7 +548,7 @@ def run_multihost(args: argparse.Namespace, shared: Side, embedded: Side) -> dic
         ("claims", f"claims, {k} consumers", "claims/s", race),
         ("seed", f"seed-004, {args.seed_consumers} consumers", "files/s", seed)]
     for key, label, unit, one in workloads:
-        if key not in args.only:
+        if key not in args.only or key not in only:
             continue
         rates: dict[str, list[Round]] = {n: [] for n in sides}
         for r in range(args.rounds):
@@ -719,7 +722,8 @@ def render(report: dict[str, Any]) -> str:
             rows.append(f"{r['label']:<28}{fmt(r['embedded'], r['unit']):>18}"
                         f"{fmt(r['shared'], r['unit']):>18}{ratio:>9}")
         for r in [r for r in mh["results"].values() if not r.get("verified", True)]:
-            rows.append(f"{r['label']} (multi-host row): PROBLEMS: " + "; ".join(r["problems"]))
+            rows.append(f"\n{r['label']} (multi-host row): PROBLEMS: "
+                        + "; ".join(r["problems"]))
     fs = report["filesystem"]
     memory = " (in memory, not a disk!)" if fs["type"] in ("tmpfs", "ramfs") else ""
     rows.append(f"\nfilesystem: {fs['type']}{memory} at {report['dir']}; plain dirs and store "
@@ -830,32 +834,38 @@ def bench_multihost(args: argparse.Namespace, base: str, embedded: Side) -> dict
     """Mount the multi-host store beside the embedded one and run its row."""
     from spoolfs.store.site import shown
 
-    # the seed's consumers on two daemons of the store, as on two hosts
-    mnts = [os.path.join(base, n) for n in
-            (("mnt-shared", "mnt-shared2") if "seed" in args.only else ("mnt-shared",))]
     extra = ("--blobs", args.blobs) if args.blobs else ()
     mounted: list[str] = []
-    try:
-        for i, mnt in enumerate(mnts):
-            os.mkdir(mnt)
-            try:
-                mount(args.store, mnt, os.path.join(base, f"daemon-shared{i or ''}.log"),
-                      extra)
-            except UserError as e:
-                raise BenchError(str(e)) from e
-            mounted.append(mnt)
-        made = os.listdir(mnts[0])
+
+    def mount_shared(name: str) -> str:
+        mnt = os.path.join(base, name)
+        os.mkdir(mnt)
         try:
-            results = run_multihost(args, Side("shared", mnts[0], False, mnts[-1]), embedded)
+            mount(args.store, mnt, os.path.join(base, f"daemon-{name[4:]}.log"), extra)
+        except UserError as e:
+            raise BenchError(str(e)) from e
+        mounted.append(mnt)
+        return mnt
+
+    try:
+        mnt = mount_shared("mnt-shared")
+        made = os.listdir(mnt)
+        try:
+            results = run_multihost(args, Side("shared", mnt, False), embedded,
+                                    ("small", "claims"))
+            if "seed" in args.only:  # its second host: a second daemon, for the seed alone
+                second = mount_shared("mnt-shared2")
+                results |= run_multihost(args, Side("shared", mnt, False, second), embedded,
+                                         ("seed",))
         finally:
-            for q in sorted(set(os.listdir(mnts[0])) - set(made)):  # the queues this run made
-                remove_queue(os.path.join(mnts[0], q))
+            for q in sorted(set(os.listdir(mnt)) - set(made)):  # the queues this run made
+                remove_queue(os.path.join(mnt, q))
     finally:
-        for mnt in reversed(mounted):
-            if not unmount(mnt):
-                print(f"spoolfs bench: could not unmount {mnt}", file=sys.stderr)
+        for m in reversed(mounted):
+            if not unmount(m):
+                print(f"spoolfs bench: could not unmount {m}", file=sys.stderr)
     return {"store": shown(args.store), "blobs": args.blobs or "(recorded in the store)",
-            "mounts": len(mnts), "results": results}
+            "mounts": len(mounted), "results": results}
 
 
 def bench(args: argparse.Namespace, base: str) -> int:
@@ -904,6 +914,6 @@ def bench(args: argparse.Namespace, base: str) -> int:
     report["ok"] = verified and unmounted
     print(json.dumps(report, indent=2) if args.json else render(report))
     if not verified:
-        print("spoolfs bench: claim verification failed: a file was not claimed exactly once",
-              file=sys.stderr)
+        print("spoolfs bench: a check failed: a file was not claimed, or not finished, exactly "
+              "once (see the report)", file=sys.stderr)
     return 0 if report["ok"] else 1

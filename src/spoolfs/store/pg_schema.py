@@ -17,7 +17,7 @@ CHANNEL = "spoolfs_changes"
 #: no schema change, nothing shared between hosts), made when the connection opens, so that
 #: its statements are planned once per session instead of parsed and planned at every commit
 #: (0.15-0.2 ms less per commit here).
-COMMIT_FUNCTION = """CREATE FUNCTION pg_temp.spoolfs_commit(
+COMMIT_FUNCTION = """CREATE OR REPLACE FUNCTION pg_temp.spoolfs_commit(
     lock_key bigint, origin text,
     c_entry bigint[], c_parent bigint[], c_name bytea[], c_old_parent bigint[],
     c_old_name bytea[],

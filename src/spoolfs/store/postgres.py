@@ -104,16 +104,21 @@ _told: set[str] = set()  # what was logged once per daemon
 
 
 def _make_commit_function(conn: psycopg.Connection[Any]) -> None:
-    """The commit's function in this session. A role the database lets make no temporary
-    object commits without it, sending the statement in full (``_commit``)."""
+    """The commit's function in this session. Where the server makes none (a role the
+    database lets make no temporary object, a read-only server or role, no PL/pgSQL), the
+    connection commits without it, sending the statement in full (``_commit``); a broken
+    connection fails as any other would at its set-up."""
     try:
         conn.execute(cast(Any, schema.COMMIT_FUNCTION))
-    except psycopg.errors.InsufficientPrivilege as e:
-        if "temp" not in _told:
-            _told.add("temp")
-            log.warning("the database lets this role make no temporary function (%s): each "
-                        "commit sends its change-log statement in full, 0.15-0.2 ms slower",
-                        str(e).splitlines()[0])
+    except psycopg.Error as e:
+        if conn.broken:
+            raise
+        why = type(e).__name__
+        if why not in _told:
+            _told.add(why)
+            log.warning("the database makes no function for this session (%s): each commit "
+                        "sends its change-log statement in full, 0.15-0.2 ms slower",
+                        str(e).strip().splitlines()[0] if str(e).strip() else why)
         return
     _WITH_COMMIT_FUNCTION.add(conn)
 
@@ -793,10 +798,16 @@ class PostgresStore(Store):
         columns: list[Any] = [list(col) for col in zip(*history, strict=True)]
         if conn in _WITH_COMMIT_FUNCTION:
             changes = [list(col) for col in zip(*rows, strict=True)] if rows else [[]] * 5
-            psycopg.ClientCursor(conn).execute(
-                cast(Any, schema.COMMIT_CALL + "; COMMIT"),
-                [schema.LOCK_CHANGES, self.origin, *changes, *(columns or [[]] * 8),
-                 schema.CHANNEL])
+            try:
+                psycopg.ClientCursor(conn).execute(
+                    cast(Any, schema.COMMIT_CALL + "; COMMIT"),
+                    [schema.LOCK_CHANGES, self.origin, *changes, *(columns or [[]] * 8),
+                     schema.CHANNEL])
+            except psycopg.errors.UndefinedFunction:
+                # the session lost its temporary objects (something between this daemon and
+                # the server reset it): this batch fails, the connection's next ones say it all
+                _WITH_COMMIT_FUNCTION.discard(conn)
+                raise
             return
         noted = ("noted AS (INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, "
                  "reason) SELECT h.entry, h.at_ns, h.action, h.src, h.dst, h.uid, h.pid, "
