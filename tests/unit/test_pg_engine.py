@@ -575,20 +575,26 @@ def test_a_commit_sends_its_change_and_history_rows_through_the_sessions_functio
     assert b.wait_changes(30) is True  # the changes notified the other daemon
 
 
-def test_a_role_without_temporary_privilege_commits_without_the_function(
-        pg_server: PgServer) -> None:
-    """A database that lets a role make no temporary object: the commit's statement is sent
-    in full, as before the function, and everything still commits."""
+def _granted_role(pg_server: PgServer, prefix: str, also: str) -> str:
+    """A new database with the schema made by its owner, and the URL of a role that has the
+    README's grants there and ``also`` (a statement naming ``{role}`` and ``{db}``)."""
     url = pg_server.new_database()
-    PostgresStore(url).close()  # the schema, made by its owner
-    role = f"nt{os.getpid()}"
-    db = url.rsplit("/", 1)[1]
+    PostgresStore(url).close()
+    role, db = f"{prefix}{os.getpid()}", url.rsplit("/", 1)[1]
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(f"CREATE ROLE {role} LOGIN")
         c.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
         c.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
-        c.execute(f'REVOKE TEMPORARY ON DATABASE "{db}" FROM PUBLIC')
-    store = PostgresStore(url.replace("postgresql://postgres@", f"postgresql://{role}@"))
+        c.execute(cast(Any, also.format(role=role, db=db)))
+    return url.replace("postgresql://postgres@", f"postgresql://{role}@")
+
+
+def test_a_role_without_temporary_privilege_commits_without_the_function(
+        pg_server: PgServer) -> None:
+    """A database that lets a role make no temporary object: the commit's statement is sent
+    in full, as before the function, and everything still commits."""
+    store = PostgresStore(_granted_role(pg_server, "nt", 'REVOKE TEMPORARY ON DATABASE "{db}" '
+                                        "FROM PUBLIC"))
     try:
         assert not _commit_function_on(store)
         _commits_of_every_kind(store)
@@ -601,15 +607,8 @@ def test_a_read_only_role_opens_the_store_and_is_refused_its_writes_at_once(
     """The function cannot be made on a read-only server or for a read-only role: the
     connections are still handed out (a read through the pool works), and a write is refused
     by the server, not by a pool that has no connection to give."""
-    url = pg_server.new_database()
-    PostgresStore(url).close()
-    role = f"ro{os.getpid()}"
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute(f"CREATE ROLE {role} LOGIN")
-        c.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
-        c.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
-        c.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
-    store = PostgresStore(url.replace("postgresql://postgres@", f"postgresql://{role}@"))
+    store = PostgresStore(_granted_role(pg_server, "ro", "ALTER ROLE {role} SET "
+                                        "default_transaction_read_only = on"))
     try:
         assert not _commit_function_on(store)
         with store.scan() as r:
