@@ -794,38 +794,36 @@ class PostgresStore(Store):
         if not tx.changed and not history:
             conn.execute("COMMIT")
             return
-        rows = list(dict.fromkeys(tx.changed))
+        changes = [list(col) for col in zip(*dict.fromkeys(tx.changed), strict=True)]
         columns: list[Any] = [list(col) for col in zip(*history, strict=True)]
-        if conn in _WITH_COMMIT_FUNCTION:
-            changes = [list(col) for col in zip(*rows, strict=True)] if rows else [[]] * 5
-            try:
-                psycopg.ClientCursor(conn).execute(
-                    cast(Any, schema.COMMIT_CALL + "; COMMIT"),
-                    [schema.LOCK_CHANGES, self.origin, *changes, *(columns or [[]] * 8),
-                     schema.CHANNEL])
-            except psycopg.errors.UndefinedFunction:
-                # the session lost its temporary objects (something between this daemon and
-                # the server reset it): this batch fails, the connection's next ones say it all
-                _WITH_COMMIT_FUNCTION.discard(conn)
-                raise
-            return
-        noted = ("noted AS (INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, "
-                 "reason) SELECT h.entry, h.at_ns, h.action, h.src, h.dst, h.uid, h.pid, "
-                 "h.reason FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], "
-                 "%s::text[], %s::bigint[], %s::bigint[], %s::text[]) WITH ORDINALITY "
-                 "AS h(entry, at_ns, action, src, dst, uid, pid, reason, n) ORDER BY h.n)")
-        if not tx.changed:
-            query, params = f"WITH {noted} SELECT 1", columns
+        by_function = conn in _WITH_COMMIT_FUNCTION
+        if by_function:
+            query = schema.COMMIT_CALL
+            params = [schema.LOCK_CHANGES, self.origin, *(changes or [[]] * 5),
+                      *(columns or [[]] * 8), schema.CHANNEL]
         else:
-            query = ("WITH held AS (SELECT pg_advisory_xact_lock(%s)), "
-                     "logged AS (INSERT INTO changes (entry, parent, name, old_parent, "
-                     "old_name, origin) SELECT c.*, %s FROM held, unnest(%s::bigint[], "
-                     "%s::bigint[], %s::bytea[], %s::bigint[], %s::bytea[]) AS c) "
-                     + (f", {noted} " if history else "") + "SELECT pg_notify(%s, %s)")
-            params = [schema.LOCK_CHANGES, self.origin,
-                      *(list(col) for col in zip(*rows, strict=True)), *columns,
-                      schema.CHANNEL, self.origin]
-        psycopg.ClientCursor(conn).execute(cast(Any, query + "; COMMIT"), params)
+            noted = ("noted AS (INSERT INTO history (entry, at_ns, action, src, dst, uid, pid, "
+                     "reason) SELECT h.entry, h.at_ns, h.action, h.src, h.dst, h.uid, h.pid, "
+                     "h.reason FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], "
+                     "%s::text[], %s::bigint[], %s::bigint[], %s::text[]) WITH ORDINALITY "
+                     "AS h(entry, at_ns, action, src, dst, uid, pid, reason, n) ORDER BY h.n)")
+            if not changes:
+                query, params = f"WITH {noted} SELECT 1", columns
+            else:
+                query = ("WITH held AS (SELECT pg_advisory_xact_lock(%s)), "
+                         "logged AS (INSERT INTO changes (entry, parent, name, old_parent, "
+                         "old_name, origin) SELECT c.*, %s FROM held, unnest(%s::bigint[], "
+                         "%s::bigint[], %s::bytea[], %s::bigint[], %s::bytea[]) AS c) "
+                         + (f", {noted} " if history else "") + "SELECT pg_notify(%s, %s)")
+                params = [schema.LOCK_CHANGES, self.origin, *changes, *columns,
+                          schema.CHANNEL, self.origin]
+        try:
+            psycopg.ClientCursor(conn).execute(cast(Any, query + "; COMMIT"), params)
+        except psycopg.errors.UndefinedFunction:
+            if by_function:  # the session lost its temporary objects (something between this
+                # daemon and the server reset it): this batch fails, its next ones say it all
+                _WITH_COMMIT_FUNCTION.discard(conn)
+            raise
 
     def reserve_blob_id(self) -> int:
         """A blob id no other row will take: content is stored under it before the
