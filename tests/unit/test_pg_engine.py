@@ -484,7 +484,8 @@ def test_a_claim_is_four_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatc
     history and change rows with the commit) waits four times, whatever it changes. Counted
     in what libpq sends on every connection a batch may use, the pool's checks included:
     one wait per Query or Sync, once each statement is prepared on the connection (the
-    first run of a prepared statement waits once more, for its Parse)."""
+    first run of a prepared statement waits once more, for its Parse, and inside a
+    transaction twice more, for the savepoint it is prepared in: pg_statements.py)."""
     trace = open(tmp_path / "trace", "w")  # noqa: SIM115 (closed below)
     configure = PostgresStore._configure
 
@@ -515,7 +516,7 @@ def test_a_claim_is_four_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatc
             sent = f.read()
         # the client waits after each Query and each Sync; a Parse has a Sync of its own
         sends = [line.split("\t")[2].strip() for line in sent.splitlines()
-                 if line.startswith("F\t")]
+                 if line.startswith("F\t") and "spoolfs_prepare" not in line]
         waits = sends.count("Query") + sends.count("Sync") - sends.count("Parse")
         assert waits == 4, sent
         assert "pg_temp.spoolfs_commit(" in sent  # the session's function, not the statement
@@ -648,5 +649,26 @@ def test_a_session_that_lost_its_function_fails_one_commit_then_says_it_all(
         for i in range(2 * n):  # every connection again, each saying it all
             e = one(store, lambda tx, i=i: msg(tx, 1, b"after%d" % i))
             assert _history_and_changes(store, e.id, start)[1] == [(1, b"after%d" % i)]
+    finally:
+        store.close()
+
+
+def test_functions_that_lose_leave_the_statements_prepared(pg_url: str) -> None:
+    """A function that fails rolls back to its savepoint. psycopg, had it prepared anything
+    on the connection (an empty batch's COMMIT, from its fifth run), would follow that
+    ROLLBACK with DEALLOCATE ALL, dropping the engine's statements (pg_statements.py), and
+    the next batch on the connection failed on them."""
+    store = PostgresStore(pg_url, pool_max=1)
+    try:
+        for _ in range(8):
+            assert one(store, lambda tx: tx.get(1)) is not None  # nothing changed: COMMIT
+
+        def loses(tx: WriteTx) -> None:
+            tx.get(1)
+            raise StoreFailure("lost")
+        ok, err = store.run_batch([loses], True)[0]
+        assert not ok and str(err) == "lost"
+        assert one(store, lambda tx: tx.get(1)) is not None
+        assert one(store, lambda tx: msg(tx, 1, b"m")).name == b"m"
     finally:
         store.close()

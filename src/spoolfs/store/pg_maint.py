@@ -16,7 +16,8 @@ import psycopg
 
 from spoolfs.store import pg_schema
 from spoolfs.store.base import FsckTx, Maintenance
-from spoolfs.store.postgres import PostgresStore, rows_of, unavailable
+from spoolfs.store.pg_statements import rows_of
+from spoolfs.store.postgres import PostgresStore, unavailable
 from spoolfs.store.sqlite_maint import SqliteFsckTx
 
 #: SQLite's pragmas fsck asks, and what they mean on a database that enforces its constraints

@@ -34,13 +34,14 @@ from typing import Any, cast
 
 import psycopg
 import psycopg.errors
-from psycopg import pq, sql
+from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from spoolfs.core.errors import SpoolError, StoreFailure
 from spoolfs.core.rules import State
 from spoolfs.store import pg_schema as schema
 from spoolfs.store.base import ENTRY_COLUMNS, LISTED_COLUMNS, Blob, Entry, ReadTx, Store, WriteTx
+from spoolfs.store.pg_statements import Statements
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,10 @@ _LOST = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
 def _session(conn: psycopg.Connection[Any]) -> None:
-    """Every connection's settings (SESSION, and CLIENT_CHECK where the server has it)."""
+    """Every connection's settings (SESSION, and CLIENT_CHECK where the server has it). The
+    engine's statements are prepared by pg_statements, never by psycopg (which would drop
+    them at its next ROLLBACK: that module says why)."""
+    conn.prepare_threshold = None
     conn.execute(SESSION if conn.info.server_version < 140000 else f"{SESSION}; {CLIENT_CHECK}")
 
 
@@ -524,24 +528,15 @@ class PgWrite(PgRead, WriteTx):
         self.noted.append((entry_id, at_ns, action, src, dst, uid, pid, reason))
 
 
-def rows_of(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
-    """The rows the cursor's statement returned; none for a statement that returns none.
-    (Asked of the result's status: ``cur.description`` builds a column object per column
-    each time, 40-50 µs for an entry's 28 columns, more than the server takes to find it.)"""
-    res = cur.pgresult
-    return cur.fetchall() if res is not None and res.status == pq.ExecStatus.TUPLES_OK else []
-
-
-def _cursor_runner(conn: psycopg.Connection[Any]
-                   ) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
-    cur = conn.cursor()  # one for the transaction: each statement's rows are read whole
+def _runner(conn: psycopg.Connection[Any]
+            ) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
+    statements = Statements(conn)  # (the transaction's: each statement's rows read whole)
 
     def run(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         try:
-            cur.execute(cast(Any, query), params, prepare=True)
+            return statements.run(query, params)
         except psycopg.errors.IntegrityError as e:
             raise IntegrityError(str(e).splitlines()[0]) from e
-        return rows_of(cur)
     return run
 
 
@@ -553,17 +548,17 @@ class _Reader(PgRead):
         super().__init__(self._query)
         self._store = store
         self._conn: psycopg.Connection[Any] | None = None
-        self._cur: psycopg.Cursor[Any] | None = None  # the connection's, for every query
+        self._statements: Statements | None = None  # the connection's, for every query
         self._lock = threading.Lock()
 
     def _query(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
             for attempt in (1, 2):
                 try:
-                    if self._conn is None or self._conn.closed or self._cur is None:
+                    if self._conn is None or self._conn.closed or self._statements is None:
                         self._conn = self._store.connect(autocommit=True)
-                        self._cur = self._conn.cursor()
-                    return rows_of(self._cur.execute(cast(Any, query), params, prepare=True))
+                        self._statements = Statements(self._conn)
+                    return self._statements.run(query, params)
                 except psycopg.OperationalError as e:
                     self.close()
                     if attempt == 2 or isinstance(e, psycopg.errors.QueryCanceled):
@@ -579,7 +574,7 @@ class _Reader(PgRead):
             except psycopg.Error:
                 pass
             self._conn = None
-            self._cur = None
+            self._statements = None
 
 
 class PostgresStore(Store):
@@ -680,7 +675,7 @@ class PostgresStore(Store):
         with self._scan_lock, self._begun("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
                                           ) as (conn, _):
             try:
-                yield PgRead(_cursor_runner(conn))
+                yield PgRead(_runner(conn))
                 conn.execute("COMMIT")
             except psycopg.Error as e:
                 _rollback(conn)
@@ -736,7 +731,7 @@ class PostgresStore(Store):
         """The batch, in the transaction begun on ``conn``."""
         results: list[tuple[bool, Any]] = []
         try:
-            tx = PgWrite(_cursor_runner(conn))
+            tx = PgWrite(_runner(conn))
             for i, fn in enumerate(fns):
                 if i:
                     conn.execute("RELEASE op; SAVEPOINT op")

@@ -1,0 +1,184 @@
+"""The PostgreSQL engine's statements, run through libpq's own calls.
+
+psycopg's cursor costs a daemon 90-100 µs of its CPU per statement (finding the query's
+placeholders, adapting each parameter, looking up its prepared statement, waiting on the
+socket in Python), where libpq's own call takes about 55 with the rows loaded. A message
+carried through a queue costs about 35 statements, a third of them on the event loop, where
+every other request waits for them. So the engine runs its statements as psycopg does
+underneath: each query prepared once per connection under a name of its own, then run by
+``PGconn.exec_prepared`` (libpq's blocking call, which lets the GIL go while the server
+works), its parameters sent as text and its rows loaded by psycopg's own loaders, so that a
+row reads back as the same Python values a cursor gives.
+
+A parameter's type is left to the server (as psycopg does for ``str``), but for ``bytes``,
+sent as ``bytea``. The cursor runs a statement instead when one of its parameters is not
+None, an int, bytes or a str (an array), and when the server cannot prepare its query with
+the types left to it (found once per connection, in a savepoint of its own inside a
+transaction, so that the transaction goes on), unprepared: psycopg prepares nothing on a
+connection these statements run on, for once it has prepared a statement it ends every
+``ROLLBACK`` (``ROLLBACK TO`` a savepoint too) with ``DEALLOCATE ALL``, which would drop
+this module's statements with its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from typing import Any, cast
+
+import psycopg
+import psycopg.errors
+from psycopg import pq
+from psycopg.adapt import Transformer
+
+log = logging.getLogger(__name__)
+
+_BYTEA = 17
+_LEFT_TO_SERVER = 0
+#: queries prepared on one connection at most; more run through the cursor (the engine has
+#: about 60)
+MAX_PREPARED = 200
+#: the class of SQLSTATEs that says the query cannot be prepared as sent (42P18: a
+#: parameter whose type the server cannot tell; 42883, 42725: no function or operator for it)
+_CANNOT_PREPARE = "42"
+
+_Key = tuple[str, tuple[int, ...]]
+
+
+class _Prepared:
+    """One connection's prepared queries: their names, None for those its cursor runs."""
+
+    __slots__ = ("names", "made")
+
+    def __init__(self) -> None:
+        self.names: dict[_Key, bytes | None] = {}
+        self.made = 0  # names given on the connection so far: a new one is never reused
+
+
+_PREPARED: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Prepared] = \
+    weakref.WeakKeyDictionary()
+
+
+class _NotText(Exception):
+    """A parameter this module does not send: the cursor sends it."""
+
+
+def _text(v: Any, encoding: str) -> bytes | None:
+    if v is None:
+        return None
+    t = type(v)
+    if t is int:
+        return str(v).encode()
+    if t is bytes:
+        return b"\\x" + bytes.hex(v).encode()
+    if t is str:
+        return str.encode(v, encoding)
+    raise _NotText
+
+
+def rows_of(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
+    """The rows the cursor's statement returned; none for a statement that returns none.
+    (Asked of the result's status: ``cur.description`` builds a column object per column
+    each time, 40-50 µs for an entry's 28 columns, more than the server takes to find it.)"""
+    res = cur.pgresult
+    return cur.fetchall() if res is not None and res.status == pq.ExecStatus.TUPLES_OK else []
+
+
+def placeholders(query: str) -> bytes:
+    """psycopg's ``%s`` as libpq's ``$1``, ``$2``...; ``%%`` as ``%``."""
+    n = 0
+    parts = []
+    for literal in query.split("%%"):
+        pieces = literal.split("%s")
+        out = [pieces[0]]
+        for piece in pieces[1:]:
+            n += 1
+            out.append(f"${n}{piece}")
+        parts.append("".join(out))
+    return "%".join(parts).encode()
+
+
+class Statements:
+    """``run`` on one connection: its rows, as a cursor's ``fetchall`` gives them (none for a
+    statement that returns none). Used by one thread at a time, as the connection is."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.pgconn = conn.pgconn
+        self._encoding = conn.info.encoding
+        conn.prepare_threshold = None  # (see above: never DEALLOCATE ALL; the engine's
+        # connections are made so, before psycopg can have prepared anything on them)
+        self._load = Transformer(conn)
+        self._prepared = _PREPARED.setdefault(conn, _Prepared())
+        self._names = self._prepared.names
+        self._cursor: psycopg.Cursor[Any] | None = None
+
+    def run(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            values = [_text(v, self._encoding) for v in params]
+        except _NotText:
+            return self._by_cursor(query, params)
+        key = (query, tuple(_BYTEA if type(v) is bytes else _LEFT_TO_SERVER for v in params))
+        name = self._names.get(key, b"")
+        if name == b"":
+            name = self._prepare(key)
+        if name is None:
+            return self._by_cursor(query, params)
+        # (None is NULL: libpq takes it, as psycopg's own calls do, its annotation aside)
+        return self._rows(self.pgconn.exec_prepared(name, cast(Any, values)))
+
+    def _rows(self, res: pq.abc.PGresult) -> list[tuple[Any, ...]]:
+        status = res.status
+        if status == pq.ExecStatus.TUPLES_OK:
+            self._load.set_pgresult(res)
+            return self._load.load_rows(0, res.ntuples, tuple)
+        if status == pq.ExecStatus.COMMAND_OK:
+            return []
+        raise self._error(res)
+
+    def _error(self, res: pq.abc.PGresult) -> psycopg.Error:
+        if self.pgconn.status == pq.ConnStatus.BAD:  # the server went away meanwhile: the
+            # connection's message says why first (its session ended: FATAL ...)
+            return psycopg.OperationalError(self.pgconn.get_error_message(self._encoding))
+        if res.status != pq.ExecStatus.FATAL_ERROR:
+            return psycopg.InterfaceError(f"unexpected result from the server: {res.status}")
+        e = psycopg.errors.error_from_result(res, encoding=self._encoding)
+        if isinstance(e, psycopg.errors.InvalidSqlStatementName):
+            self._names.clear()  # its statements were dropped (DEALLOCATE): made again
+        return e
+
+    def _prepare(self, key: _Key) -> bytes | None:
+        """The name ``key``'s query is prepared under on this connection, or None for one
+        the cursor runs."""
+        if len(self._names) >= MAX_PREPARED:
+            return None
+        name = f"spoolfs_{self._prepared.made}".encode()
+        self._prepared.made += 1
+        in_tx = self.pgconn.transaction_status == pq.TransactionStatus.INTRANS
+        if in_tx:  # a refusal would end the transaction: undone alone
+            self._simple(b"SAVEPOINT spoolfs_prepare")
+        res = self.pgconn.prepare(name, placeholders(key[0]), list(key[1]))
+        if res.status == pq.ExecStatus.COMMAND_OK:
+            if in_tx:
+                self._simple(b"RELEASE spoolfs_prepare")
+            self._names[key] = name
+            return name
+        error = self._error(res)
+        if not (error.sqlstate or "").startswith(_CANNOT_PREPARE):
+            raise error
+        if in_tx:
+            self._simple(b"ROLLBACK TO spoolfs_prepare; RELEASE spoolfs_prepare")
+        log.debug("the cursor runs %.60r: %s", key[0], str(error).splitlines()[0])
+        self._names[key] = None
+        return None
+
+    def _simple(self, command: bytes) -> None:
+        res = self.pgconn.exec_(command)
+        if res.status != pq.ExecStatus.COMMAND_OK:
+            raise self._error(res)
+
+    def _by_cursor(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        if self._cursor is None:
+            self._cursor = self.conn.cursor()
+        return rows_of(self._cursor.execute(cast(Any, query), params, prepare=False))
