@@ -4,6 +4,7 @@ prepare a query with its parameters' types left to it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from spoolfs.store.pg_statements import Statements, placeholders, rows_of
+from spoolfs.store.pg_statements import NAME_PREFIX, Statements, placeholders, rows_of
 
 
 @pytest.fixture
@@ -47,8 +48,8 @@ def test_rows_read_back_as_a_cursor_reads_them(conn: psycopg.Connection[Any]) ->
         assert got == rows_of(cur.execute(query, (key,))), key
     assert s.run(query, (name,)) == [(2**63 - 1, name, "é ∑ 漢", None)]
     assert s.run(query, (b"absent",)) == []
-    assert [n for n in _prepared(conn) if n.startswith("spoolfs_")] == \
-        ["spoolfs_0", "spoolfs_1"]  # the insert's and the select's, each once
+    assert [n for n in _prepared(conn) if n.startswith(NAME_PREFIX)] == \
+        [f"{NAME_PREFIX}0", f"{NAME_PREFIX}1"]  # the insert's and the select's, each once
 
 
 def test_a_query_the_server_cannot_prepare_goes_to_the_cursor_inside_a_transaction(
@@ -65,13 +66,45 @@ def test_a_query_the_server_cannot_prepare_goes_to_the_cursor_inside_a_transacti
     conn.execute("COMMIT")
     assert conn.execute("SELECT id FROM t ORDER BY id").fetchall() == [(1,), (2,)]
     assert s.run("SELECT %s IS NULL", (4,)) == [(False,)]  # known now: the cursor at once
-    assert not [n for n in _prepared(conn) if n.startswith("spoolfs_") and n != "spoolfs_0"]
+    assert _prepared(conn) == [f"{NAME_PREFIX}0"]
 
 
 def test_an_array_goes_to_the_cursor(conn: psycopg.Connection[Any]) -> None:
     s = Statements(conn)
     s.run("INSERT INTO t (id) VALUES (%s), (%s)", (1, 2))
     assert s.run("SELECT id FROM t WHERE id = ANY(%s) ORDER BY id", ([1, 2, 3],)) == [(1,), (2,)]
+
+
+def test_text_with_a_nul_is_refused_as_the_cursor_refuses_it(
+        conn: psycopg.Connection[Any]) -> None:
+    """libpq would cut a text parameter at its first NUL; the cursor refuses it whole."""
+    s = Statements(conn)
+    with pytest.raises(psycopg.DataError):
+        s.run("INSERT INTO t (id, note) VALUES (%s, %s)", (1, "a\0b"))
+    assert s.run("SELECT count(*) FROM t", ()) == [(0,)]
+
+
+def test_ctrl_c_cancels_a_statement_on_the_server(conn: psycopg.Connection[Any]) -> None:
+    """A command line tool's Ctrl-C while a statement waits on the server: the statement is
+    cancelled there and the tool gets KeyboardInterrupt at once, its connection usable."""
+    import signal
+    import threading
+    import time
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    s = Statements(conn)
+    old = signal.signal(signal.SIGINT, interrupt)
+    try:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            s.run("SELECT pg_sleep(%s)", (20,))
+        assert time.monotonic() - start < 10
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert not conn.broken and s.run("SELECT %s + 1", (1,)) == [(2,)]
 
 
 def test_errors_are_psycopgs_own(conn: psycopg.Connection[Any]) -> None:
@@ -137,4 +170,4 @@ def test_rollbacks_keep_the_statements(conn: psycopg.Connection[Any]) -> None:
     conn.execute("BEGIN")
     assert s.run(query, (1,)) == [(1,)]
     conn.execute("COMMIT")
-    assert "spoolfs_1" in _prepared(conn)
+    assert f"{NAME_PREFIX}1" in _prepared(conn)

@@ -1,35 +1,39 @@
 """The PostgreSQL engine's statements, run through libpq's own calls.
 
 psycopg's cursor costs a daemon 90-100 µs of its CPU per statement (finding the query's
-placeholders, adapting each parameter, looking up its prepared statement, waiting on the
-socket in Python), where libpq's own call takes about 55 with the rows loaded. A message
-carried through a queue costs about 35 statements, a third of them on the event loop, where
-every other request waits for them. So the engine runs its statements as psycopg does
-underneath: each query prepared once per connection under a name of its own, then run by
-``PGconn.exec_prepared`` (libpq's blocking call, which lets the GIL go while the server
-works), its parameters sent as text and its rows loaded by psycopg's own loaders, so that a
-row reads back as the same Python values a cursor gives.
+placeholders, adapting each parameter, looking up its prepared statement, its bookkeeping
+around the wait), where libpq's calls take 55-70 with the rows loaded. A message carried
+through a queue costs about 35 statements, a third of them on the event loop, where every
+other request waits for them. So the engine runs its statements as psycopg does underneath:
+each query prepared once per connection under a name of its own, then sent with
+``PGconn.send_query_prepared`` and waited for by the connection's own ``wait`` (the GIL let
+go meanwhile; Ctrl-C cancels the statement on the server, as with a cursor), its parameters
+sent as text and its rows loaded by psycopg's own loaders, so that a row reads back as the
+same Python values a cursor gives.
 
 A parameter's type is left to the server (as psycopg does for ``str``), but for ``bytes``,
 sent as ``bytea``. The cursor runs a statement instead when one of its parameters is not
-None, an int, bytes or a str (an array), and when the server cannot prepare its query with
-the types left to it (found once per connection, in a savepoint of its own inside a
-transaction, so that the transaction goes on), unprepared: psycopg prepares nothing on a
-connection these statements run on, for once it has prepared a statement it ends every
-``ROLLBACK`` (``ROLLBACK TO`` a savepoint too) with ``DEALLOCATE ALL``, which would drop
-this module's statements with its own.
+None, an int, bytes or a str without NUL (an array; a NUL, which the cursor refuses), and
+when the server cannot prepare its query with the types left to it (found once per
+connection, in a savepoint of its own inside a transaction, so that the transaction goes
+on), unprepared: psycopg prepares nothing on a connection these statements run on, for once
+it has prepared a statement it ends every ``ROLLBACK`` (``ROLLBACK TO`` a savepoint too)
+with ``DEALLOCATE ALL``, which would drop this module's statements with its own. Names carry
+the process's own prefix: behind a pooler that hands sessions from client to client, another
+client's statement of the same name is never run by mistake (it is an error instead).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
 import psycopg
 import psycopg.errors
-from psycopg import pq
+from psycopg import generators, pq
 from psycopg.adapt import Transformer
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,8 @@ MAX_PREPARED = 200
 _CANNOT_PREPARE = "42"
 
 _Key = tuple[str, tuple[int, ...]]
+#: the start of this process's statement names (see above)
+NAME_PREFIX = f"spoolfs_{os.urandom(4).hex()}_"
 
 
 class _Prepared:
@@ -72,7 +78,7 @@ def _text(v: Any, encoding: str) -> bytes | None:
         return str(v).encode()
     if t is bytes:
         return b"\\x" + bytes.hex(v).encode()
-    if t is str:
+    if t is str and "\0" not in v:
         return str.encode(v, encoding)
     raise _NotText
 
@@ -126,7 +132,12 @@ class Statements:
         if name is None:
             return self._by_cursor(query, params)
         # (None is NULL: libpq takes it, as psycopg's own calls do, its annotation aside)
-        return self._rows(self.pgconn.exec_prepared(name, cast(Any, values)))
+        self.pgconn.send_query_prepared(name, cast(Any, values))
+        return self._rows(self._wait()[-1])
+
+    def _wait(self) -> list[pq.abc.PGresult]:
+        """The results of what was just sent."""
+        return self.conn.wait(generators.execute(self.pgconn))
 
     def _rows(self, res: pq.abc.PGresult) -> list[tuple[Any, ...]]:
         status = res.status
@@ -153,12 +164,13 @@ class Statements:
         the cursor runs."""
         if len(self._names) >= MAX_PREPARED:
             return None
-        name = f"spoolfs_{self._prepared.made}".encode()
+        name = f"{NAME_PREFIX}{self._prepared.made}".encode()
         self._prepared.made += 1
         in_tx = self.pgconn.transaction_status == pq.TransactionStatus.INTRANS
         if in_tx:  # a refusal would end the transaction: undone alone
             self._simple(b"SAVEPOINT spoolfs_prepare")
-        res = self.pgconn.prepare(name, placeholders(key[0]), list(key[1]))
+        self.pgconn.send_prepare(name, placeholders(key[0]), list(key[1]))
+        res = self._wait()[-1]
         if res.status == pq.ExecStatus.COMMAND_OK:
             if in_tx:
                 self._simple(b"RELEASE spoolfs_prepare")
@@ -174,9 +186,10 @@ class Statements:
         return None
 
     def _simple(self, command: bytes) -> None:
-        res = self.pgconn.exec_(command)
-        if res.status != pq.ExecStatus.COMMAND_OK:
-            raise self._error(res)
+        self.pgconn.send_query(command)
+        for res in self._wait():
+            if res.status != pq.ExecStatus.COMMAND_OK:
+                raise self._error(res)
 
     def _by_cursor(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         if self._cursor is None:
