@@ -672,3 +672,53 @@ def test_functions_that_lose_leave_the_statements_prepared(pg_url: str) -> None:
         assert one(store, lambda tx: msg(tx, 1, b"m")).name == b"m"
     finally:
         store.close()
+
+
+def test_content_stored_first_is_taken_under_its_reserved_id(pg_url: str) -> None:
+    """Content a blob store holds under a reserved id gets its row under that id; the same
+    content stored again under another id shares the first row (the second object is an
+    orphan, for gc)."""
+    store = PostgresStore(pg_url)
+    try:
+        reserved = store.reserve_blob_id()
+        sha = b"\4" * 32
+        assert one(store, lambda tx: tx.blob_take(sha, 7, None, blob_id=reserved)) \
+            == (reserved, True)
+        again = store.reserve_blob_id()
+        assert one(store, lambda tx: tx.blob_take(sha, 7, None, blob_id=again)) \
+            == (reserved, False)
+        blob = store.reader().blob(reserved)
+        assert blob is not None and blob.refcount == 2 and store.reader().blob(again) is None
+    finally:
+        store.close()
+
+
+def test_two_hosts_publishing_the_same_content_at_once_share_one_blob(two) -> None:  # type: ignore[no-untyped-def]
+    """Host A's publish has inserted the content's row and not yet committed when host B's
+    publish of the same bytes looks for it: B waits for A's commit, then takes a reference
+    on A's row. (Looked up first and inserted when absent, B's insert failed on the unique
+    content once A committed, and so did B's publish.)"""
+    a, b = two
+    sha = b"\7" * 32
+    inserted, release = threading.Event(), threading.Event()
+
+    def a_takes(tx: WriteTx):  # type: ignore[no-untyped-def]
+        got = tx.blob_take(sha, 1, None, blob_id=a.reserve_blob_id())
+        inserted.set()
+        release.wait(10)  # not committed yet
+        return got
+
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(one(a, a_takes)))
+    t.start()
+    try:
+        assert inserted.wait(10)
+        threading.Timer(0.3, release.set).start()  # A commits while B waits on it
+        b_got = one(b, lambda tx: tx.blob_take(sha, 1, None, blob_id=b.reserve_blob_id()))
+    finally:
+        release.set()
+        t.join()
+    a_got = out[0]
+    assert a_got[1] is True and b_got == (a_got[0], False)
+    blob = b.reader().blob(a_got[0])
+    assert blob is not None and blob.refcount == 2

@@ -119,6 +119,18 @@ def test_blob_refcounts(store: Store) -> None:
     assert one(store, lambda tx: tx.blob_ref(counted, 1)) == 2
 
 
+def test_a_publish_takes_a_reference_on_its_content(store: Store) -> None:
+    """``blob_take``: a new content's row with one reference, or one more reference on the row
+    that holds it already; its id, and whether the row is new."""
+    sha = b"\3" * 32
+    bid, new = one(store, lambda tx: tx.blob_take(sha, 5, None))
+    assert new and store.reader().blob(bid) is not None
+    assert one(store, lambda tx: tx.blob_take(sha, 5, None)) == (bid, False)
+    assert one(store, lambda tx: tx.blob_ref(bid, 0)) == 2
+    inline, new = one(store, lambda tx: tx.blob_take(b"\5" * 32, 3, b"abc"))
+    assert new and store.reader().blob(inline).data == b"abc"
+
+
 def test_xattrs_follow_links_and_cascade(store: Store) -> None:
     a = one(store, lambda tx: msg(tx, 1, b"a"))
     one(store, lambda tx: tx.set_xattr(a.id, b"user.k", b"v"))

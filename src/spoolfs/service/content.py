@@ -495,19 +495,12 @@ class Content:
         """In a transaction: point the message at the content, sharing an existing blob. (An
         object stored for it that another row's identical content makes unneeded is an
         orphan: gc removes it after its grace period.)"""
-        blob = tx.blob_by_sha(sealed.sha256)
-        if blob is not None:
-            bid = blob.id
-            tx.blob_ref(bid, 1)
-        elif sealed.blob_id is not None:
-            bid = tx.blob_insert(sealed.sha256, sealed.size, None, blob_id=sealed.blob_id,
-                                 refs=1)
-        else:
-            if self.blobs.remote and sealed.data is None:
+        data = sealed.data if sealed.blob_id is None else None
+        bid, new = tx.blob_take(sealed.sha256, sealed.size, data, blob_id=sealed.blob_id)
+        if new and sealed.blob_id is None and sealed.data is None:
+            if self.blobs.remote:  # (raised in the transaction: the new row goes with it)
                 raise StoreFailure("content for a remote blob store was not stored first")
-            bid = tx.blob_insert(sealed.sha256, sealed.size, sealed.data, refs=1)
-            if sealed.data is None:
-                self.blobs.place(sealed.staging_path, sealed.sha256, bid)
+            self.blobs.place(sealed.staging_path, sealed.sha256, bid)
         tx.update(entry_id, blob=bid, staged=0, size=sealed.size, mtime_ns=sealed.mtime_ns)
 
     def release(self, tx: WriteTx, entry: Entry, cleanup: list[tuple[str, object]]) -> None:

@@ -300,6 +300,18 @@ class WriteTx(ReadTx):
     def blob_ref(self, blob_id: int, delta: int) -> int:
         """Add ``delta`` to the reference count; returns the new count."""
 
+    def blob_take(self, sha256: bytes, size: int, data: bytes | None,
+                  blob_id: int | None = None) -> tuple[int, bool]:
+        """One more reference on the blob holding this content: the row that holds it
+        already, or a new row with one reference (``blob_insert``). Its id, and whether the
+        row is new. An engine whose transactions may insert the same content at once
+        (several hosts) does it in one statement that waits for the other's row."""
+        blob = self.blob_by_sha(sha256)
+        if blob is not None:
+            self.blob_ref(blob.id, 1)
+            return blob.id, False
+        return self.blob_insert(sha256, size, data, blob_id=blob_id, refs=1), True
+
     @abc.abstractmethod
     def blob_delete(self, blob_id: int) -> None: ...
 

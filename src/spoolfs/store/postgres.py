@@ -519,6 +519,22 @@ class PgWrite(PgRead, WriteTx):
             raise StoreFailure(f"blob {blob_id} is missing")
         return int(row[0])
 
+    def blob_take(self, sha256: bytes, size: int, data: bytes | None,
+                  blob_id: int | None = None) -> tuple[int, bool]:
+        # One round trip, and no lost race: a row of the same content another host has
+        # inserted, not yet committed, is waited for, then shared (a lookup then an insert
+        # failed on the unique content). The new row's id is drawn first, so that the row
+        # returned tells whether it is this one.
+        row = self.q1("WITH n AS (SELECT COALESCE(%s::bigint, "
+                      "nextval(pg_get_serial_sequence('blobs', 'id'))) AS id), "
+                      "b AS (INSERT INTO blobs (id, sha256, size, refcount, data) "
+                      "SELECT n.id, %s::bytea, %s::bigint, 1, %s::bytea FROM n "
+                      "ON CONFLICT (sha256) DO UPDATE SET refcount = blobs.refcount + 1 "
+                      "RETURNING id) "
+                      "SELECT b.id, b.id = n.id FROM b, n", (blob_id, sha256, size, data))
+        assert row is not None
+        return int(row[0]), bool(row[1])
+
     def blob_delete(self, blob_id: int) -> None:
         self.q("DELETE FROM blobs WHERE id=%s", (blob_id,))
 
