@@ -722,3 +722,22 @@ def test_two_hosts_publishing_the_same_content_at_once_share_one_blob(two) -> No
     assert a_got[1] is True and b_got == (a_got[0], False)
     blob = b.reader().blob(a_got[0])
     assert blob is not None and blob.refcount == 2
+
+
+def test_the_pools_own_statements_are_prepared_too(pg_url: str) -> None:
+    """A publish reserves its content's id, and the follower reads the change log, each in a
+    statement of its own on the pool: prepared once on the connection, as a transaction's
+    statements are (psycopg prepares nothing there: pg_statements.py)."""
+    store = PostgresStore(pg_url, pool_max=1)
+    try:
+        ids = [store.reserve_blob_id() for _ in range(3)]
+        assert ids == sorted(set(ids))
+        one(store, lambda tx: msg(tx, 1, b"m"))
+        assert b"m" in [c.name for c in store.changes_since(0)]
+        with store._conn() as conn:  # noqa: SLF001 (the pool's one connection)
+            prepared = [r[0] for r in conn.execute(
+                "SELECT statement FROM pg_prepared_statements").fetchall()]
+        assert sum("nextval(pg_get_serial_sequence('blobs'" in p for p in prepared) == 1
+        assert sum("FROM changes WHERE seq > $1" in p for p in prepared) == 1
+    finally:
+        store.close()

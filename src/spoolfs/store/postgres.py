@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 import psycopg.errors
@@ -44,6 +44,7 @@ from spoolfs.store.base import ENTRY_COLUMNS, LISTED_COLUMNS, Blob, Entry, ReadT
 from spoolfs.store.pg_statements import Statements
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 CONNECT_TIMEOUT_S = 5
 STATEMENT_TIMEOUT_MS = 30_000
@@ -714,21 +715,35 @@ class PostgresStore(Store):
     @contextmanager
     def _begun(self, first: str, params: Sequence[Any] = ()
                ) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]]:
-        """A connection of the pool, and the cursor of statement ``first`` run on it. A
+        """A connection of the pool, and the cursor of statement ``first`` run on it
+        (``_first``)."""
+        with self._first(lambda conn: conn.execute(cast(Any, first), params)) as (conn, cur):
+            yield conn, cur
+
+    def _rows(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one statement on a connection of the pool, prepared there as the
+        engine's statements are (pg_statements)."""
+        with self._first(lambda conn: Statements(conn).run(query, params)) as (_, rows):
+            return rows
+
+    @contextmanager
+    def _first(self, run: Callable[[psycopg.Connection[Any]], _T]
+               ) -> Iterator[tuple[psycopg.Connection[Any], _T]]:
+        """A connection of the pool, and what ``run`` (its first statement) gave on it. A
         connection the server dropped (a restart) fails at its first statement, before any
         work: the pool discards it, and the statement runs on another one. (The pool checks
         no connection it hands out: a check is a round trip.)"""
         for attempt in range(POOL_MAX + 1):
             with self._conn() as conn:
                 try:
-                    cur = conn.execute(cast(Any, first), params)
+                    got = run(conn)
                 except psycopg.OperationalError as e:
                     if conn.broken and attempt < POOL_MAX:
                         continue
                     raise unavailable(e) from e
                 except psycopg.Error as e:
                     raise unavailable(e) from e
-                yield conn, cur
+                yield conn, got
                 return
         raise AssertionError("unreachable")
 
@@ -839,10 +854,7 @@ class PostgresStore(Store):
     def reserve_blob_id(self) -> int:
         """A blob id no other row will take: content is stored under it before the
         transaction that inserts its row (``blob_insert(..., blob_id=)``)."""
-        with self._begun("SELECT nextval(pg_get_serial_sequence('blobs', 'id'))") as (_, cur):
-            row = cur.fetchone()
-        assert row is not None
-        return int(row[0])
+        return int(self._rows("SELECT nextval(pg_get_serial_sequence('blobs', 'id'))")[0][0])
 
     # ---- the change log -----------------------------------------------------------------
 
@@ -851,10 +863,8 @@ class PostgresStore(Store):
         return int(row[0]) if row else 0
 
     def changes_since(self, seq: int, limit: int = CHANGES_PAGE) -> list[Change]:
-        with self._begun("SELECT seq, entry, parent, name, old_parent, old_name, origin "
-                         "FROM changes WHERE seq > %s ORDER BY seq LIMIT %s",
-                         (seq, limit)) as (_, cur):
-            rows = cur.fetchall()
+        rows = self._rows("SELECT seq, entry, parent, name, old_parent, old_name, origin "
+                          "FROM changes WHERE seq > %s ORDER BY seq LIMIT %s", (seq, limit))
         return [Change(s, e, p, bytes(n) if n is not None else None, op,
                        bytes(on) if on is not None else None, o)
                 for s, e, p, n, op, on, o in rows]
