@@ -741,3 +741,19 @@ def test_the_pools_own_statements_are_prepared_too(pg_url: str) -> None:
         assert sum("FROM changes WHERE seq > $1" in p for p in prepared) == 1
     finally:
         store.close()
+
+
+def test_a_read_whose_statements_were_dropped_prepares_them_again(pg_url: str) -> None:
+    """Something between daemon and server drops the session's prepared statements
+    (``DEALLOCATE ALL``): a lookup prepares its statement again and answers, rather than
+    failing once with EIO."""
+    store = PostgresStore(pg_url)
+    try:
+        r = store.reader()
+        assert r.get(1) is not None
+        conn = store._reader._conn  # noqa: SLF001 (the reader's own connection)
+        assert conn is not None
+        conn.execute("DEALLOCATE ALL")
+        assert r.get(1) is not None
+    finally:
+        store.close()

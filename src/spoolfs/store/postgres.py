@@ -580,6 +580,10 @@ class _Reader(PgRead):
                     self.close()
                     if attempt == 2 or isinstance(e, psycopg.errors.QueryCanceled):
                         raise unavailable(e) from e
+                except psycopg.errors.InvalidSqlStatementName as e:
+                    # the session's statements were dropped (DEALLOCATE): prepared again
+                    if attempt == 2:
+                        raise unavailable(e) from e
                 except psycopg.Error as e:
                     raise unavailable(e) from e
         raise AssertionError("unreachable")
