@@ -53,7 +53,10 @@ NAME_PREFIX = f"spoolfs_{os.urandom(4).hex()}_"
 
 
 class _Prepared:
-    """One connection's prepared queries: their names, None for those its cursor runs."""
+    """One connection's prepared queries: their names, None for those its cursor runs. Kept
+    apart from ``Statements`` (made per transaction: cheap), which holds the connection: a
+    registry keyed weakly by the connection must not hold it, or no dropped connection of the
+    pool would ever be freed."""
 
     __slots__ = ("names", "made")
 
