@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import socket
 import stat
 from collections.abc import Awaitable
 from pathlib import Path
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 
 import pyfuse3
 import pytest
+import trio
 
 from helpers.kernel import Ctx, Fs
 from spoolfs.core import errors
@@ -23,7 +25,7 @@ from spoolfs.fuse import ops as ops_module
 from spoolfs.fuse import virtual
 from spoolfs.service.spool import RENAME_EXCHANGE, RENAME_NOREPLACE
 from spoolfs.service.spool_core import SpoolCore
-from spoolfs.store.base import Entry
+from spoolfs.store.base import WAIT_R, Entry, Steps
 
 
 def _spool_errors() -> list[type[errors.SpoolError]]:
@@ -47,10 +49,10 @@ async def _errno_of(call: Awaitable[object]) -> int:
 async def test_every_refusal_is_its_errno_and_one_log_line(
         fs: Fs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
         cls: type[errors.SpoolError]) -> None:
-    def refuse(parent: int, name: bytes, who: object = None) -> None:
+    async def refuse(parent: int, name: bytes, who: object = None) -> None:
         raise cls("the reason")
 
-    monkeypatch.setattr(fs.spool, "find", refuse)
+    monkeypatch.setattr(fs.spool, "find_waiting", refuse)
     with caplog.at_level(logging.INFO, logger=ops_module.__name__):
         assert await _errno_of(fs.ops.lookup(fs[State.READY], b"m", Ctx())) == cls.errno
     lines = [r.getMessage() for r in caplog.records if r.name == ops_module.__name__]
@@ -67,13 +69,13 @@ async def test_a_refusal_whose_paths_cannot_be_read_is_still_its_errno(
     """The store gone (a database stopped): the refusal's log line cannot name paths, and
     must still be a line and the errno, not an exception out of the handler (which would end
     the FUSE session and fail every later request with ECONNABORTED)."""
-    def refuse(parent: int, name: bytes, who: object = None) -> None:
+    async def refuse(parent: int, name: bytes, who: object = None) -> None:
         raise errors.StoreFailure("database unavailable")
 
     def unreadable(*args: object) -> None:
         raise errors.StoreFailure("database unavailable")
 
-    monkeypatch.setattr(fs.spool, "find", refuse)
+    monkeypatch.setattr(fs.spool, "find_waiting", refuse)
     monkeypatch.setattr(fs.spool, "path_of", unreadable)
     with caplog.at_level(logging.INFO, logger=ops_module.__name__):
         assert await _errno_of(fs.ops.lookup(fs[State.READY], b"m", Ctx())) == errno.EIO
@@ -90,6 +92,53 @@ async def test_a_missing_name_is_a_cached_negative_entry_without_a_log_line(
         attr = await fs.ops.lookup(fs[State.READY], b"none", Ctx())
     assert attr.st_ino == 0 and attr.entry_timeout == ops_module.TIMEOUT > 0
     assert [r for r in caplog.records if r.name == ops_module.__name__] == []
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["absent", "present"])
+async def test_an_answer_read_while_a_name_was_dropped_is_not_kept(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch, exists: bool) -> None:
+    """On a database server the loop answers other requests while a lookup waits for its
+    row, and meanwhile a transition may drop a name from the kernel's cache (a lease run out,
+    another host's claim). The row read may be older than that: the kernel gets it without a
+    timeout, so that it asks again, rather than keeping a name that is gone (or missing one
+    that came) for a second."""
+    ready = fs[State.READY]
+    if exists:
+        await fs.upload(ready, b"m", b"x")
+    reading, answer = trio.Event(), trio.Event()
+    real = fs.spool.r.lookup_steps
+    servers: list[socket.socket] = []  # the "server's" end of each read's socket
+
+    def slow(parent: int, name: bytes) -> Steps[Entry | None]:
+        found = yield from real(parent, name)
+        reading.set()
+        r, w = socket.socketpair()
+        try:
+            servers.append(w)
+            yield r.fileno(), WAIT_R  # the loop goes on until the "server" answers
+        finally:
+            r.close()
+        return found
+
+    monkeypatch.setattr(fs.spool.r, "lookup_steps", slow)
+    async with trio.open_nursery() as nursery:
+        async def look() -> None:
+            got.append(await fs.ops.lookup(ready, b"m", Ctx()))
+            answer.set()
+        got: list[pyfuse3.EntryAttributes] = []
+        nursery.start_soon(look)
+        await reading.wait()
+        fs.ops._drop_name(ready, b"other")  # a transition's, while the row was on its way
+        servers[0].send(b".")
+        await answer.wait()
+    servers[0].close()
+    assert got[0].entry_timeout == 0 and (got[0].st_ino != 0) == exists
+    if exists:
+        assert got[0].attr_timeout == 0
+    # with nothing dropped meanwhile, the answer is kept as ever
+    monkeypatch.undo()
+    again = await fs.ops.lookup(ready, b"m", Ctx())
+    assert again.entry_timeout == ops_module.TIMEOUT
 
 
 async def test_the_name_of_an_unpublished_upload_is_enoent_never_cached(fs: Fs) -> None:

@@ -139,6 +139,7 @@ class Operations(pyfuse3.Operations):
         #: the entries it knows: once they expire it asks again, nobody need tell it
         self._fresh: dict[int, float] = {}
         self._gone: dict[int, pyfuse3.EntryAttributes] = {}  # unlinked, still known to the kernel
+        self._dropped = 0  # names dropped by _drop_name so far
         spool.on_gone = self._drop_name
         spool.on_deleted = self._keep_attributes
         spool.on_stale = self._drop_attributes
@@ -168,6 +169,7 @@ class Operations(pyfuse3.Operations):
     def _drop_name(self, parent: int, name: bytes) -> None:
         """The lifecycle moved or purged ``parent/name``, or a transaction made it unasked (a
         publish's fan-out, ``moves.UNASKED``): the kernel must not keep the name."""
+        self._dropped += 1
         pyfuse3.invalidate_entry_async(self._ino(parent), name, ignore_enoent=True)
 
     # ---- inode mapping and attributes ---------------------------------------------------
@@ -322,14 +324,23 @@ class Operations(pyfuse3.Operations):
             e = self.spool.get(pid)
             e = self.spool.get(e.parent if e.parent is not None and pid != self.root_id else pid)
         else:
-            entry = self.spool.find(pid, name, self._who(ctx))
+            dropped = self._dropped
+            entry = await self.spool.find_waiting(pid, name, self._who(ctx))
+            if dropped != self._dropped:
+                # A name was dropped from the kernel's cache while the store answered (on a
+                # database server): this answer may be older than that, and is not kept.
+                if entry is None:
+                    return self._absent(0)
+                attr = self._attr(entry)
+                attr.entry_timeout = attr.attr_timeout = 0
+                return self._remember(entry, attr)
             if entry is None:  # the kernel keeps the answer as long as a name (see TIMEOUT)
                 return self._absent()
             e = entry
         return self._remember(e, self._attr(e))
 
     @staticmethod
-    def _absent() -> pyfuse3.EntryAttributes:
+    def _absent(timeout: float = TIMEOUT) -> pyfuse3.EntryAttributes:
         """A negative entry: no such name, for TIMEOUT seconds. A name this daemon makes
         appears through the kernel's own request, or is dropped from its cache (lifecycle
         moves, names a publish makes elsewhere, other daemons' changes on a shared store);
@@ -337,7 +348,7 @@ class Operations(pyfuse3.Operations):
         exist."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = 0
-        a.entry_timeout = TIMEOUT
+        a.entry_timeout = timeout
         return a
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:

@@ -45,7 +45,7 @@ class Moving(Uploads):
         if flags & (RENAME_EXCHANGE | RENAME_WHITEOUT):
             raise Invalid("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
         check_message_name(new_name)
-        src, d = self.lookup_into(parent, name, new_parent)
+        src, d = await self.lookup_into(parent, name, new_parent)
         if src.kind == MEMBER:
             await self._rename_member(src, parent, new_parent, new_name, flags)
             return False

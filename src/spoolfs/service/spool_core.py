@@ -35,6 +35,7 @@ from spoolfs.service.policies import Policies
 from spoolfs.service.roles import Caller
 from spoolfs.service.snapshots import Full, Snapshots, shown_to
 from spoolfs.service.staging_pool import StagingPool
+from spoolfs.service.steps import waited
 from spoolfs.service.writepace import WritePace
 from spoolfs.service.writers import WriterLocks
 from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
@@ -207,14 +208,14 @@ class SpoolCore:
             check_message_name(name)
         return _shown(self.r.lookup(parent, name))
 
-    def lookup_into(self, parent: int, name: bytes, new_parent: int
-                    ) -> tuple[Entry, Entry | None]:
+    async def lookup_into(self, parent: int, name: bytes, new_parent: int
+                          ) -> tuple[Entry, Entry | None]:
         """``lookup(parent, name)``, and the entry ``new_parent`` (None when it is gone), read
         together: a rename's reads before its transaction, one round trip on a database
-        server."""
+        server, which the loop does not wait for (``steps``)."""
         if len(name) > 255:
             check_message_name(name)
-        e, d = self.r.lookup_and_get(parent, name, new_parent)
+        e, d = await waited(self.r.lookup_and_get_steps(parent, name, new_parent))
         return _shown(e), d
 
     def find(self, parent: int, name: bytes, who: Who | None = None) -> Entry | None:
@@ -223,7 +224,16 @@ class SpoolCore:
         NFS server finds the uploads it writes itself (it looks up what it just created)."""
         if len(name) > 255:
             check_message_name(name)
-        e = self.r.lookup(parent, name)
+        return self._visible(self.r.lookup(parent, name), who)
+
+    async def find_waiting(self, parent: int, name: bytes, who: Who | None = None
+                           ) -> Entry | None:
+        """``find``, the loop answering other requests while a database server answers."""
+        if len(name) > 255:
+            check_message_name(name)
+        return self._visible(await waited(self.r.lookup_steps(parent, name)), who)
+
+    def _visible(self, e: Entry | None, who: Who | None) -> Entry | None:
         if e is not None and e.hidden and not (who is not None and who.nfs
                                                and self.nfs_writes(e.id)):
             raise NotFound()

@@ -8,7 +8,7 @@ message is still where the caller saw it, so no correctness depends on a process
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -17,6 +17,14 @@ from spoolfs.core.rules import State
 from spoolfs.store.reserve import Reserve
 
 T = TypeVar("T")
+
+#: A read that yields what it waits for instead of waiting: each step yields ``(fd, wait)``,
+#: a file descriptor and ``WAIT_R``, ``WAIT_W`` or both, and is sent back which of them it
+#: got (the same bits); the read's value is its return. Sans-I/O, so that the store knows no
+#: event loop: an engine whose reads never wait returns at once, without a step.
+Steps = Generator[tuple[int, int], int, T]
+WAIT_R = 1
+WAIT_W = 2
 
 ENTRY_COLUMNS = (
     "id", "parent", "name", "kind", "queue", "state", "hidden", "blob", "staged", "size",
@@ -123,6 +131,18 @@ class ReadTx(abc.ABC):
         transaction (the row it moves, the directory it moves it into). A database server's
         engine reads both in one round trip."""
         return self.lookup(parent, name), self.get(entry_id)
+
+    # The same reads as steps (``Steps``), for the event loop's hottest requests: an engine
+    # that waits on a server overrides them, so that the loop answers others meanwhile.
+
+    def lookup_steps(self, parent: int, name: bytes) -> Steps[Entry | None]:
+        return self.lookup(parent, name)
+        yield  # (a generator without a step)
+
+    def lookup_and_get_steps(self, parent: int, name: bytes, entry_id: int
+                             ) -> Steps[tuple[Entry | None, Entry | None]]:
+        return self.lookup_and_get(parent, name, entry_id)
+        yield
 
     @abc.abstractmethod
     def children(self, parent: int) -> list[Entry]: ...

@@ -29,14 +29,19 @@ import logging
 import os
 import weakref
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 import psycopg.errors
 from psycopg import generators, pq
+from psycopg.abc import PQGen
 from psycopg.adapt import Transformer
 
+from spoolfs.store.base import Steps
+
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 _BYTEA = 17
 _LEFT_TO_SERVER = 0
@@ -94,6 +99,16 @@ def rows_of(cur: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
     return cur.fetchall() if res is not None and res.status == pq.ExecStatus.TUPLES_OK else []
 
 
+def _on(fd: int, gen: PQGen[_T]) -> Steps[_T]:
+    """psycopg's generator ``gen`` as steps on the connection's socket ``fd``."""
+    try:
+        wait = next(gen)
+        while True:
+            wait = gen.send((yield fd, wait))
+    except StopIteration as done:
+        return cast(_T, done.value)
+
+
 def placeholders(query: str) -> bytes:
     """psycopg's ``%s`` as libpq's ``$1``, ``$2``...; ``%%`` as ``%``."""
     n = 0
@@ -138,6 +153,26 @@ class Statements:
         self.pgconn.send_query_prepared(name, cast(Any, values))
         return self._rows(self._wait()[-1])
 
+    def steps(self, query: str, params: Sequence[Any] = ()) -> Steps[list[tuple[Any, ...]]]:
+        """``run`` as steps: what the statement waits for (its prepare too, the first time on
+        this connection) is yielded (``base.Steps``) rather than waited for here, so that the
+        caller's event loop goes on meanwhile. One the cursor runs is waited for here. A
+        caller that stops the steps before they end must close the connection: its
+        statement is still under way."""
+        try:
+            values = [_text(v, self._encoding) for v in params]
+        except _NotText:
+            return self._by_cursor(query, params)
+        key = (query, tuple(_BYTEA if type(v) is bytes else _LEFT_TO_SERVER for v in params))
+        fd = self.pgconn.socket
+        name = self._names.get(key, b"")
+        if name == b"":
+            name = yield from _on(fd, self._preparing(key))
+        if name is None:
+            return self._by_cursor(query, params)
+        self.pgconn.send_query_prepared(name, cast(Any, values))
+        return self._rows((yield from _on(fd, generators.execute(self.pgconn)))[-1])
+
     def _wait(self) -> list[pq.abc.PGresult]:
         """The results of what was just sent."""
         return self.conn.wait(generators.execute(self.pgconn))
@@ -165,32 +200,36 @@ class Statements:
     def _prepare(self, key: _Key) -> bytes | None:
         """The name ``key``'s query is prepared under on this connection, or None for one
         the cursor runs."""
+        return self.conn.wait(self._preparing(key))
+
+    def _preparing(self, key: _Key) -> PQGen[bytes | None]:
+        """``_prepare`` as psycopg's generators are: what it waits for is yielded."""
         if len(self._names) >= MAX_PREPARED:
             return None
         name = f"{NAME_PREFIX}{self._prepared.made}".encode()
         self._prepared.made += 1
         in_tx = self.pgconn.transaction_status == pq.TransactionStatus.INTRANS
         if in_tx:  # a refusal would end the transaction: undone alone
-            self._simple(b"SAVEPOINT spoolfs_prepare")
+            yield from self._simple(b"SAVEPOINT spoolfs_prepare")
         self.pgconn.send_prepare(name, placeholders(key[0]), list(key[1]))
-        res = self._wait()[-1]
+        res = (yield from generators.execute(self.pgconn))[-1]
         if res.status == pq.ExecStatus.COMMAND_OK:
             if in_tx:
-                self._simple(b"RELEASE spoolfs_prepare")
+                yield from self._simple(b"RELEASE spoolfs_prepare")
             self._names[key] = name
             return name
         error = self._error(res)
         if not (error.sqlstate or "").startswith(_CANNOT_PREPARE):
             raise error
         if in_tx:
-            self._simple(b"ROLLBACK TO spoolfs_prepare; RELEASE spoolfs_prepare")
+            yield from self._simple(b"ROLLBACK TO spoolfs_prepare; RELEASE spoolfs_prepare")
         log.debug("the cursor runs %.60r: %s", key[0], str(error).splitlines()[0])
         self._names[key] = None
         return None
 
-    def _simple(self, command: bytes) -> None:
+    def _simple(self, command: bytes) -> PQGen[None]:
         self.pgconn.send_query(command)
-        for res in self._wait():
+        for res in (yield from generators.execute(self.pgconn)):
             if res.status != pq.ExecStatus.COMMAND_OK:
                 raise self._error(res)
 

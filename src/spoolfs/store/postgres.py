@@ -40,7 +40,16 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from spoolfs.core.errors import SpoolError, StoreFailure
 from spoolfs.core.rules import State
 from spoolfs.store import pg_schema as schema
-from spoolfs.store.base import ENTRY_COLUMNS, LISTED_COLUMNS, Blob, Entry, ReadTx, Store, WriteTx
+from spoolfs.store.base import (
+    ENTRY_COLUMNS,
+    LISTED_COLUMNS,
+    Blob,
+    Entry,
+    ReadTx,
+    Steps,
+    Store,
+    WriteTx,
+)
 from spoolfs.store.pg_statements import Statements
 
 log = logging.getLogger(__name__)
@@ -61,6 +70,8 @@ IDLE_IN_TX_TIMEOUT_MS = 60_000
 WRITE_IDLE_TIMEOUT_MS = 5_000
 RETRIES = 5  # runs of a function that keeps losing deadlocks before it fails
 POOL_MAX = 4
+#: connections of the reader for reads as steps (``_Reader``)
+STEP_CONNECTIONS = 4
 CHANGES_PAGE = 1000
 
 #: libpq settings every connection gets (a URL may override them)
@@ -85,6 +96,7 @@ CLIENT_CHECK = "SET client_connection_check_interval = 1000"
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 _ROW = f"{_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
 _SEL = f"SELECT {_ROW}"
+_LOOKUP = f"{_SEL} WHERE e.parent=%s AND e.name=%s"
 #: a rename's two reads in one round trip, each row tagged with which it answers
 _LOOKUP_AND_GET = (f"SELECT 0, {_ROW} WHERE e.parent=%s AND e.name=%s UNION ALL "
                    f"SELECT 1, {_ROW} WHERE e.id=%s")
@@ -174,6 +186,14 @@ class Change:
     origin: str
 
 
+def _found(rows: list[tuple[Any, ...]]) -> tuple[Entry | None, Entry | None]:
+    """``_LOOKUP_AND_GET``'s rows: the entry found by name, the entry found by id."""
+    found: list[Entry | None] = [None, None]
+    for row in rows:
+        found[row[0]] = Entry.from_row(row[1:])
+    return found[0], found[1]
+
+
 class PgRead(ReadTx):
     def __init__(self, run: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]) -> None:
         self._run = run
@@ -193,15 +213,25 @@ class PgRead(ReadTx):
         return Entry.from_row(row) if row else None
 
     def lookup(self, parent: int, name: bytes) -> Entry | None:
-        row = self.q1(f"{_SEL} WHERE e.parent=%s AND e.name=%s", (parent, name))
+        row = self.q1(_LOOKUP, (parent, name))
         return Entry.from_row(row) if row else None
 
     def lookup_and_get(self, parent: int, name: bytes, entry_id: int
                        ) -> tuple[Entry | None, Entry | None]:
-        found: list[Entry | None] = [None, None]
-        for row in self.q(_LOOKUP_AND_GET, (parent, name, entry_id)):
-            found[row[0]] = Entry.from_row(row[1:])
-        return found[0], found[1]
+        return _found(self.q(_LOOKUP_AND_GET, (parent, name, entry_id)))
+
+    def _steps(self, query: str, params: Sequence[Any]) -> Steps[list[tuple[Any, ...]]]:
+        """A query as steps (``base.Steps``); here (a transaction's) waited for at once."""
+        return self._run(query, params)
+        yield
+
+    def lookup_steps(self, parent: int, name: bytes) -> Steps[Entry | None]:
+        rows = yield from self._steps(_LOOKUP, (parent, name))
+        return Entry.from_row(rows[0]) if rows else None
+
+    def lookup_and_get_steps(self, parent: int, name: bytes, entry_id: int
+                             ) -> Steps[tuple[Entry | None, Entry | None]]:
+        return _found((yield from self._steps(_LOOKUP_AND_GET, (parent, name, entry_id))))
 
     def children(self, parent: int) -> list[Entry]:
         return self._entries(f"{_SEL} WHERE e.parent=%s ORDER BY e.id", (parent,))
@@ -559,7 +589,14 @@ def _runner(conn: psycopg.Connection[Any]
 
 class _Reader(PgRead):
     """``reader()``: one autocommit connection of its own, reopened when it breaks. Each
-    query is a statement of its own, bounded by the session's timeouts."""
+    query is a statement of its own, bounded by the session's timeouts.
+
+    Reads as steps (``lookup_steps``...) run on connections of their own, up to
+    ``STEP_CONNECTIONS`` at once, each made when first needed while the reader's own
+    connection is up (on the caller's thread: a connect waited for, once per connection):
+    the event loop that drives the steps answers
+    other requests while the server answers. With all of them busy, or one of them broken, a
+    read is waited for on the reader's own connection, as any read."""
 
     def __init__(self, store: PostgresStore) -> None:
         super().__init__(self._query)
@@ -567,6 +604,44 @@ class _Reader(PgRead):
         self._conn: psycopg.Connection[Any] | None = None
         self._statements: Statements | None = None  # the connection's, for every query
         self._lock = threading.Lock()
+        self._spare: list[Statements] = []  # step connections not in use (the loop's only)
+        self._stepping = 0  # step connections open, in use or not
+
+    def _steps(self, query: str, params: Sequence[Any]) -> Steps[list[tuple[Any, ...]]]:
+        st = self._spare.pop() if self._spare else self._new_spare()
+        if st is None:
+            return self._query(query, params)
+        kept = False
+        try:
+            rows = yield from st.steps(query, params)
+            kept = True
+            return rows
+        except psycopg.errors.QueryCanceled as e:  # (its statement_timeout)
+            kept = True
+            raise unavailable(e) from e
+        except (psycopg.OperationalError, psycopg.errors.InvalidSqlStatementName):
+            kept = not st.conn.broken  # (statements dropped: prepared again on it next time)
+        except psycopg.Error as e:
+            kept = True
+            raise unavailable(e) from e
+        finally:
+            if kept:
+                self._spare.append(st)
+            else:  # broken, or left in the middle of a statement (the steps were stopped)
+                self._stepping -= 1
+                _close_quietly(st.conn)
+        return self._query(query, params)  # once more, waited for (and reconnected) here
+
+    def _new_spare(self) -> Statements | None:
+        if self._stepping >= STEP_CONNECTIONS or self._conn is None or self._conn.closed:
+            return None  # (while the reader's own is down, its connect alone is waited for)
+        try:
+            conn = self._store.connect(autocommit=True)
+        except psycopg.Error as e:
+            log.debug("no connection for reads as steps: %s", e)
+            return None
+        self._stepping += 1
+        return Statements(conn)
 
     def _query(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -589,13 +664,24 @@ class _Reader(PgRead):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        """The reader's own connection; ``close_all`` the step connections too."""
         if self._conn is not None:
-            try:
-                self._conn.close()
-            except psycopg.Error:
-                pass
+            _close_quietly(self._conn)
             self._conn = None
             self._statements = None
+
+    def close_all(self) -> None:
+        self.close()
+        while self._spare:
+            self._stepping -= 1
+            _close_quietly(self._spare.pop().conn)
+
+
+def _close_quietly(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.close()
+    except psycopg.Error:
+        pass
 
 
 class PostgresStore(Store):
@@ -906,7 +992,7 @@ class PostgresStore(Store):
             return cur.rowcount
 
     def close(self) -> None:
-        self._reader.close()
+        self._reader.close_all()
         if self._listen is not None:
             self._listen.close()
         self._pool.close()
