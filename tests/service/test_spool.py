@@ -848,9 +848,9 @@ async def test_opening_content_in_a_shared_blob_store_reads_its_row_once(
 
 async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
-    """On a database server each query is a round trip, waited for on the event loop: before
-    its transaction, a rename reads the row it moves and the directory it moves it into
-    together. A name gone, or a target directory gone, is still ENOENT."""
+    """On a database server each query is a round trip: before its transaction, a rename
+    reads the row it moves and the directory it moves it into together (as steps, the loop
+    going on meanwhile). A name gone, or a target directory gone, is still ENOENT."""
     store = open_any(pg_url)
     spool = Spool(store, str(tmp_path))
     async with published(spool, b"bytes") as (q, mid):
@@ -859,11 +859,17 @@ async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
         await spool.rmdir(q[State.WORKING], b"gone", WHO)
         asked: list[str] = []
         run = spool.r._run  # type: ignore[attr-defined]
+        steps = spool.r._steps  # type: ignore[attr-defined]
 
         def counting(query: str, params: Any) -> Any:
             asked.append(query)
             return run(query, params)
+
+        def counting_steps(query: str, params: Any) -> Any:
+            asked.append(query)
+            return (yield from steps(query, params))
         monkeypatch.setattr(spool.r, "_run", counting)
+        monkeypatch.setattr(spool.r, "_steps", counting_steps)
         with pytest.raises(NotFound):
             await spool.rename(q[State.READY], b"f", gone.id, b"f", 0, WHO)
         with pytest.raises(NotFound):

@@ -4,6 +4,7 @@ leaves nothing behind; a broken or busy step connection reads on the reader's ow
 
 from __future__ import annotations
 
+import select
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import trio
 
 from spoolfs.service.steps import waited
 from spoolfs.store import postgres
-from spoolfs.store.base import Entry
+from spoolfs.store.base import WAIT_R, Entry
 from spoolfs.store.postgres import PostgresStore
 from spoolfs.store.sqlite import SqliteStore
 
@@ -146,3 +147,19 @@ def test_with_the_readers_own_connection_down_no_step_connection_is_tried(
     steps = r.lookup_steps(1, b"q")
     next(steps)  # its own is up again: a step connection for the next
     steps.close()
+
+
+def test_a_store_closed_while_a_lookup_waits_closes_its_connection_at_the_end(
+        store: PostgresStore) -> None:
+    """An unmount while a lookup waits: the lookup gets its answer, and its connection is
+    closed then, not kept for a reader that is gone."""
+    r = store.reader()
+    steps = r.lookup_steps(1, b"q")
+    fd, _ = next(steps)
+    store._reader.close_all()  # noqa: SLF001
+    with pytest.raises(StopIteration) as done:
+        while True:
+            select.select([fd], [], [], 5)
+            fd, _ = steps.send(WAIT_R)
+    assert _name(done.value.value) == b"q"
+    assert store._reader._spare == [] and store._reader._stepping == 0  # noqa: SLF001

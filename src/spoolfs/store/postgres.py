@@ -606,6 +606,7 @@ class _Reader(PgRead):
         self._lock = threading.Lock()
         self._spare: list[Statements] = []  # step connections not in use (the loop's only)
         self._stepping = 0  # step connections open, in use or not
+        self._closed = False  # close_all: a step connection in use is closed at its end
 
     def _steps(self, query: str, params: Sequence[Any]) -> Steps[list[tuple[Any, ...]]]:
         st = self._spare.pop() if self._spare else self._new_spare()
@@ -625,15 +626,17 @@ class _Reader(PgRead):
             kept = True
             raise unavailable(e) from e
         finally:
-            if kept:
+            if kept and not self._closed:
                 self._spare.append(st)
-            else:  # broken, or left in the middle of a statement (the steps were stopped)
+            else:  # broken, left in the middle of a statement (the steps were stopped), or
+                # the store closed meanwhile
                 self._stepping -= 1
                 _close_quietly(st.conn)
         return self._query(query, params)  # once more, waited for (and reconnected) here
 
     def _new_spare(self) -> Statements | None:
-        if self._stepping >= STEP_CONNECTIONS or self._conn is None or self._conn.closed:
+        if self._stepping >= STEP_CONNECTIONS or self._conn is None or self._conn.closed \
+                or self._closed:
             return None  # (while the reader's own is down, its connect alone is waited for)
         try:
             conn = self._store.connect(autocommit=True)
@@ -671,6 +674,7 @@ class _Reader(PgRead):
             self._statements = None
 
     def close_all(self) -> None:
+        self._closed = True
         self.close()
         while self._spare:
             self._stepping -= 1
