@@ -20,7 +20,18 @@ from spoolfs.store.sqlite import SqliteStore
 
 
 @pytest.fixture
-def store(pg_url: str) -> Iterator[PostgresStore]:
+def store(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresStore]:
+    """A store whose lookups go as steps: as on a server farther than this one (below)."""
+    monkeypatch.setattr(postgres, "STEP_AFTER_S", 0.0)
+    yield from _opened(pg_url)
+
+
+@pytest.fixture
+def near(pg_url: str) -> Iterator[PostgresStore]:
+    yield from _opened(pg_url)
+
+
+def _opened(pg_url: str) -> Iterator[PostgresStore]:
     s = PostgresStore(pg_url)
     [(made, why)] = s.run_batch([lambda tx: tx.insert(
         parent=1, name=b"q", kind="queue", mode=0o40755, mtime_ns=1, ctime_ns=1, created_ns=1)],
@@ -163,3 +174,25 @@ def test_a_store_closed_while_a_lookup_waits_closes_its_connection_at_the_end(
             fd, _ = steps.send(WAIT_R)
     assert _name(done.value.value) == b"q"
     assert store._reader._spare == [] and store._reader._stepping == 0  # noqa: SLF001
+
+
+def test_a_near_server_is_waited_for_at_once_and_a_far_one_as_steps(
+        near: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Near the server a lookup's round trip costs the loop less than its steps' own work:
+    waited for at once, and timed. Once they take ``STEP_AFTER_S`` on average (a server
+    farther away), they go as steps, and one in ``MEASURE_EVERY`` is timed again. (The
+    line is moved far off, so that how fast this machine answers does not matter.)"""
+    monkeypatch.setattr(postgres, "STEP_AFTER_S", 60.0)
+    r, reader = near.reader(), near._reader  # noqa: SLF001
+    for _ in range(5):
+        with pytest.raises(StopIteration):
+            next(r.lookup_steps(1, b"q"))  # no step
+    assert reader._took > 0  # noqa: SLF001 (timed)
+    reader._took = 120.0  # noqa: SLF001 (as a server that far away)
+    steps = r.lookup_steps(1, b"q")
+    next(steps)  # a step: the loop goes on
+    steps.close()
+    reader._reads = postgres.MEASURE_EVERY - 1  # noqa: SLF001
+    with pytest.raises(StopIteration):
+        next(r.lookup_steps(1, b"q"))  # timed again, waited for at once
+    assert reader._took < 120.0  # noqa: SLF001

@@ -72,6 +72,10 @@ RETRIES = 5  # runs of a function that keeps losing deadlocks before it fails
 POOL_MAX = 4
 #: connections of the reader for reads as steps (``_Reader``)
 STEP_CONNECTIONS = 4
+#: reads go as steps once they take this long on average, waited for at once (``_Reader``)
+STEP_AFTER_S = 0.0005
+#: while reads go as steps, one in this many is waited for at once, to measure again
+MEASURE_EVERY = 64
 CHANGES_PAGE = 1000
 
 #: libpq settings every connection gets (a URL may override them)
@@ -594,9 +598,13 @@ class _Reader(PgRead):
     Reads as steps (``lookup_steps``...) run on connections of their own, up to
     ``STEP_CONNECTIONS`` at once, each made when first needed while the reader's own
     connection is up (on the caller's thread: a connect waited for, once per connection):
-    the event loop that drives the steps answers
-    other requests while the server answers. With all of them busy, or one of them broken, a
-    read is waited for on the reader's own connection, as any read."""
+    the event loop that drives the steps answers other requests while the server answers.
+    With all of them busy, or one of them broken, a read is waited for on the reader's own
+    connection, as any read. So is every such read while they take less than
+    ``STEP_AFTER_S`` on average (a server on the same machine or next to it): there the
+    steps' own work (the loop's wait registered and woken, a task switch) costs more CPU
+    than the round trip saves. While reads go as steps, one in ``MEASURE_EVERY`` is waited
+    for at once to measure again."""
 
     def __init__(self, store: PostgresStore) -> None:
         super().__init__(self._query)
@@ -607,8 +615,13 @@ class _Reader(PgRead):
         self._spare: list[Statements] = []  # step connections not in use (the loop's only)
         self._stepping = 0  # step connections open, in use or not
         self._closed = False  # close_all: a step connection in use is closed at its end
+        self._took = 0.0  # a read waited for at once, on average (weight 0.2 for the latest)
+        self._reads = 0
 
     def _steps(self, query: str, params: Sequence[Any]) -> Steps[list[tuple[Any, ...]]]:
+        self._reads += 1
+        if self._took < STEP_AFTER_S or self._reads % MEASURE_EVERY == 0:
+            return self._timed(query, params)
         st = self._spare.pop() if self._spare else self._new_spare()
         if st is None:
             return self._query(query, params)
@@ -633,6 +646,15 @@ class _Reader(PgRead):
                 self._stepping -= 1
                 _close_quietly(st.conn)
         return self._query(query, params)  # once more, waited for (and reconnected) here
+
+    def _timed(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """``_query``, timed into ``_took`` unless it had to connect first."""
+        connected = self._conn is not None and not self._conn.closed
+        start = time.monotonic()
+        rows = self._query(query, params)
+        if connected:
+            self._took += (time.monotonic() - start - self._took) * 0.2
+        return rows
 
     def _new_spare(self) -> Statements | None:
         if self._stepping >= STEP_CONNECTIONS or self._conn is None or self._conn.closed \
