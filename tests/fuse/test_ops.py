@@ -52,7 +52,7 @@ async def test_every_refusal_is_its_errno_and_one_log_line(
     async def refuse(parent: int, name: bytes, who: object = None) -> None:
         raise cls("the reason")
 
-    monkeypatch.setattr(fs.spool, "find_waiting", refuse)
+    monkeypatch.setattr(fs.spool, "find", refuse)
     with caplog.at_level(logging.INFO, logger=ops_module.__name__):
         assert await _errno_of(fs.ops.lookup(fs[State.READY], b"m", Ctx())) == cls.errno
     lines = [r.getMessage() for r in caplog.records if r.name == ops_module.__name__]
@@ -75,7 +75,7 @@ async def test_a_refusal_whose_paths_cannot_be_read_is_still_its_errno(
     def unreadable(*args: object) -> None:
         raise errors.StoreFailure("database unavailable")
 
-    monkeypatch.setattr(fs.spool, "find_waiting", refuse)
+    monkeypatch.setattr(fs.spool, "find", refuse)
     monkeypatch.setattr(fs.spool, "path_of", unreadable)
     with caplog.at_level(logging.INFO, logger=ops_module.__name__):
         assert await _errno_of(fs.ops.lookup(fs[State.READY], b"m", Ctx())) == errno.EIO

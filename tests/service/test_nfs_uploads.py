@@ -18,12 +18,12 @@ async def test_a_created_file_is_found_by_the_server_only(env: tuple[Spool, Q]) 
     """The server looks up what it just created in ready/; nobody else sees it yet."""
     spool, q = env
     e, h = await spool.create(q[State.READY], b"f", 0o644, NFS)
-    found = spool.find(q[State.READY], b"f", NFS)
+    found = await spool.find(q[State.READY], b"f", NFS)
     assert found is not None and found.id == e.id
     with pytest.raises(NotFound):
-        spool.find(q[State.READY], b"f", WHO)
+        await spool.find(q[State.READY], b"f", WHO)
     with pytest.raises(NotFound):
-        spool.find(q[State.READY], b"f")
+        await spool.find(q[State.READY], b"f")
     await spool.close(h, Who())
 
 

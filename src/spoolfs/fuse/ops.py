@@ -325,7 +325,7 @@ class Operations(pyfuse3.Operations):
             e = self.spool.get(e.parent if e.parent is not None and pid != self.root_id else pid)
         else:
             dropped = self._dropped
-            entry = await self.spool.find_waiting(pid, name, self._who(ctx))
+            entry = await self.spool.find(pid, name, self._who(ctx))
             if dropped != self._dropped:
                 # A name was dropped from the kernel's cache while the store answered (on a
                 # database server): this answer may be older than that, and is not kept.

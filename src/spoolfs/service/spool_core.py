@@ -218,22 +218,15 @@ class SpoolCore:
         e, d = await waited(self.r.lookup_and_get_steps(parent, name, new_parent))
         return _shown(e), d
 
-    def find(self, parent: int, name: bytes, who: Who | None = None) -> Entry | None:
+    async def find(self, parent: int, name: bytes, who: Who | None = None) -> Entry | None:
         """The visible entry ``parent/name``, or None when the name is free; NotFound (never
         None) when an unpublished upload holds the name, which may appear at any close. An
-        NFS server finds the uploads it writes itself (it looks up what it just created)."""
+        NFS server finds the uploads it writes itself (it looks up what it just created).
+        On a database server far enough away, the loop answers other requests meanwhile
+        (``steps``)."""
         if len(name) > 255:
             check_message_name(name)
-        return self._visible(self.r.lookup(parent, name), who)
-
-    async def find_waiting(self, parent: int, name: bytes, who: Who | None = None
-                           ) -> Entry | None:
-        """``find``, the loop answering other requests while a database server answers."""
-        if len(name) > 255:
-            check_message_name(name)
-        return self._visible(await waited(self.r.lookup_steps(parent, name)), who)
-
-    def _visible(self, e: Entry | None, who: Who | None) -> Entry | None:
+        e = await waited(self.r.lookup_steps(parent, name))
         if e is not None and e.hidden and not (who is not None and who.nfs
                                                and self.nfs_writes(e.id)):
             raise NotFound()
