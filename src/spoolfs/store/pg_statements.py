@@ -139,19 +139,7 @@ class Statements:
         self._cursor: psycopg.Cursor[Any] | None = None
 
     def run(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        try:
-            values = [_text(v, self._encoding) for v in params]
-        except _NotText:
-            return self._by_cursor(query, params)
-        key = (query, tuple(_BYTEA if type(v) is bytes else _LEFT_TO_SERVER for v in params))
-        name = self._names.get(key, b"")
-        if name == b"":
-            name = self._prepare(key)
-        if name is None:
-            return self._by_cursor(query, params)
-        # (None is NULL: libpq takes it, as psycopg's own calls do, its annotation aside)
-        self.pgconn.send_query_prepared(name, cast(Any, values))
-        return self._rows(self._wait()[-1])
+        return self.conn.wait(self._statement(query, params))
 
     def steps(self, query: str, params: Sequence[Any] = ()) -> Steps[list[tuple[Any, ...]]]:
         """``run`` as steps: what the statement waits for (its prepare too, the first time on
@@ -159,23 +147,23 @@ class Statements:
         caller's event loop goes on meanwhile. One the cursor runs is waited for here. A
         caller that stops the steps before they end must close the connection: its
         statement is still under way."""
+        return _on(self.pgconn.socket, self._statement(query, params))
+
+    def _statement(self, query: str, params: Sequence[Any]) -> PQGen[list[tuple[Any, ...]]]:
+        """A statement as psycopg's generators are: what it waits for is yielded."""
         try:
             values = [_text(v, self._encoding) for v in params]
         except _NotText:
             return self._by_cursor(query, params)
         key = (query, tuple(_BYTEA if type(v) is bytes else _LEFT_TO_SERVER for v in params))
-        fd = self.pgconn.socket
         name = self._names.get(key, b"")
         if name == b"":
-            name = yield from _on(fd, self._preparing(key))
+            name = yield from self._preparing(key)
         if name is None:
             return self._by_cursor(query, params)
+        # (None is NULL: libpq takes it, as psycopg's own calls do, its annotation aside)
         self.pgconn.send_query_prepared(name, cast(Any, values))
-        return self._rows((yield from _on(fd, generators.execute(self.pgconn)))[-1])
-
-    def _wait(self) -> list[pq.abc.PGresult]:
-        """The results of what was just sent."""
-        return self.conn.wait(generators.execute(self.pgconn))
+        return self._rows((yield from generators.execute(self.pgconn))[-1])
 
     def _rows(self, res: pq.abc.PGresult) -> list[tuple[Any, ...]]:
         status = res.status
@@ -197,13 +185,9 @@ class Statements:
             self._names.clear()  # its statements were dropped (DEALLOCATE): made again
         return e
 
-    def _prepare(self, key: _Key) -> bytes | None:
-        """The name ``key``'s query is prepared under on this connection, or None for one
-        the cursor runs."""
-        return self.conn.wait(self._preparing(key))
-
     def _preparing(self, key: _Key) -> PQGen[bytes | None]:
-        """``_prepare`` as psycopg's generators are: what it waits for is yielded."""
+        """The name ``key``'s query is prepared under on this connection, or None for one
+        the cursor runs (what it waits for is yielded)."""
         if len(self._names) >= MAX_PREPARED:
             return None
         name = f"{NAME_PREFIX}{self._prepared.made}".encode()
