@@ -130,10 +130,10 @@ def test_a_host_stopped_inside_its_transaction_holds_the_others_up_only_briefly(
     if where == "before its commit":
         commit = PostgresStore._commit
 
-        def stop_then_commit(self: PostgresStore, conn: Any, tx: Any) -> None:
+        def stop_then_commit(self: PostgresStore, conn: Any, statements: Any, tx: Any) -> None:
             if self is a:
                 stop()
-            commit(self, conn, tx)
+            commit(self, conn, statements, tx)
 
         monkeypatch.setattr(PostgresStore, "_commit", stop_then_commit)
     got: list[BaseException] = []
@@ -477,16 +477,8 @@ def test_a_migration_is_not_cut_short_by_the_request_limits(
     assert version is not None and int(version[0]) == pg_schema.VERSION
 
 
-def test_a_claim_is_four_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatch,
-                                     tmp_path: Path) -> None:
-    """Each round trip waits on a server that may be on another machine: a claim's
-    transaction (begun, its target looked up, the move with its directories' times, its
-    history and change rows with the commit) waits four times, whatever it changes. Counted
-    in what libpq sends on every connection a batch may use, the pool's checks included:
-    one wait per Query or Sync, once each statement is prepared on the connection (the
-    first run of a prepared statement waits once more, for its Parse, and inside a
-    transaction twice more, for the savepoint it is prepared in: pg_statements.py)."""
-    trace = open(tmp_path / "trace", "w")  # noqa: SIM115 (closed below)
+def _traced_store(pg_url: str, monkeypatch: pytest.MonkeyPatch, trace: Any) -> PostgresStore:
+    """A store whose pool's one connection writes what libpq sends to ``trace``."""
     configure = PostgresStore._configure
 
     def traced(conn: psycopg.Connection[Any]) -> None:
@@ -494,13 +486,38 @@ def test_a_claim_is_four_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatc
         conn.pgconn.trace(trace.fileno())
         conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
     monkeypatch.setattr(PostgresStore, "_configure", staticmethod(traced))
-    store = PostgresStore(pg_url)
+    return PostgresStore(pg_url, pool_max=1)
+
+
+def _waits(sent: str) -> int:
+    """The times a client that sent ``sent`` (libpq's trace) waited for the server: after
+    each Query and each Sync; a statement's prepare (a named Parse) has a Sync of its own."""
+    sends = [line.split("\t")[2:4] for line in sent.splitlines()
+             if line.startswith("F\t") and "spoolfs_prepare" not in line]
+    return sum(1 for s in sends if s[0].strip() in ("Query", "Sync")) - sum(
+        1 for s in sends if s[0].strip() == "Parse" and not s[1].startswith(' ""'))
+
+
+@pytest.mark.parametrize("claims", [1, 2])
+def test_a_claim_is_three_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatch,
+                                      tmp_path: Path, claims: int) -> None:
+    """Each round trip waits on a server that may be on another machine: a claim's
+    transaction (begun, its target looked up, the move with its directories' times, its
+    history and change rows with the commit) waits three times, whatever it changes: the
+    transaction is begun in the round trip of its first statement. Another claim in the
+    same batch waits twice more: its savepoint goes with its first statement too. Counted
+    in what libpq sends on the pool's connection, its checks included, once each statement
+    is prepared on it (the first run of a prepared
+    statement waits once more, for its Parse, and inside a transaction twice more, for the
+    savepoint it is prepared in: pg_statements.py)."""
+    trace = open(tmp_path / "trace", "w")  # noqa: SIM115 (closed below)
+    store = _traced_store(pg_url, monkeypatch, trace)
     try:
         def mkdir(name: bytes):  # type: ignore[no-untyped-def]
             return lambda tx: tx.insert(parent=1, name=name, kind="state", mode=0o40755,
                                         mtime_ns=1, ctime_ns=1, created_ns=1).id
         ready, working = one(store, mkdir(b"ready")), one(store, mkdir(b"working"))
-        e = one(store, lambda tx: msg(tx, ready, b"m"))
+        es = [one(store, lambda tx, n=n: msg(tx, ready, n)) for n in (b"m", b"n", b"o")]
 
         def claim(e: Entry, tx: WriteTx) -> bool:
             assert tx.lookup(working, e.name) is None
@@ -508,26 +525,54 @@ def test_a_claim_is_four_round_trips(pg_url: str, monkeypatch: pytest.MonkeyPatc
             tx.add_history(e.id, 2, "claim", "ready", "working", 0, 1, None)
             return moved
 
-
+        assert one(store, lambda tx: claim(es[0], tx))  # each statement prepared
         start = os.path.getsize(trace.name)  # (libpq writes each message out whole)
-        assert one(store, lambda tx: claim(e, tx))
+        got = store.run_batch([lambda tx, e=e: claim(e, tx) for e in es[1:1 + claims]],
+                              durable=True)
+        assert got == [(True, True)] * claims
         with open(trace.name) as f:
             f.seek(start)
             sent = f.read()
-        # the client waits after each Query and each Sync; a Parse has a Sync of its own
-        sends = [line.split("\t")[2].strip() for line in sent.splitlines()
-                 if line.startswith("F\t") and "spoolfs_prepare" not in line]
-        waits = sends.count("Query") + sends.count("Sync") - sends.count("Parse")
-        assert waits == 4, sent
+        assert _waits(sent) == 1 + 2 * claims, sent
         assert "pg_temp.spoolfs_commit(" in sent  # the session's function, not the statement
         r = store.reader()
-        got, dirs = r.get(e.id), (r.get(ready), r.get(working))
-        assert got is not None and (got.parent, got.state) == (working, State.WORKING)
+        for e in es[:1 + claims]:
+            got_e = r.get(e.id)
+            assert got_e is not None and (got_e.parent, got_e.state) == (working, State.WORKING)
+            assert [h[1] for h in r.history(e.id)] == ["claim"]
+        left = r.get(es[2].id)
+        assert left is not None and left.parent == (working if claims == 2 else ready)
+        dirs = (r.get(ready), r.get(working))
         assert all(d is not None and d.mtime_ns > 1 for d in dirs)
-        assert [h[1] for h in r.history(e.id)] == ["claim"]
     finally:
         store.close()
         trace.close()
+
+
+def test_a_function_that_fails_before_its_first_statement_undoes_only_itself(
+        pg_url: str) -> None:
+    """A batch's function refused before it sent anything (its savepoint not yet sent
+    either) rolls back nothing of the function before it; one that sent nothing at all
+    commits nothing."""
+    store = PostgresStore(pg_url)
+    try:
+        e = one(store, lambda tx: msg(tx, 1, b"kept"))
+
+        def refused(tx: WriteTx) -> None:
+            raise ValueError("refused before any statement")
+
+        got = store.run_batch([lambda tx: tx.update(e.id, attempts=5), refused,
+                               lambda tx: tx.update(e.id, mode=0o100600)], durable=True)
+        assert got[0] == (True, True) and got[2] == (True, True)
+        assert isinstance(got[1][1], ValueError) and not got[1][0]
+        cur = store.reader().get(e.id)
+        assert cur is not None and (cur.attempts, cur.mode) == (5, 0o100600)
+        assert [ok for ok, _ in store.run_batch([refused], durable=True)] == [False]
+        assert store.run_batch([lambda tx: 7], durable=False) == [(True, 7)]
+        cur = store.reader().get(e.id)
+        assert cur is not None and cur.attempts == 5
+    finally:
+        store.close()
 
 
 def _commit_function_on(store: PostgresStore) -> bool:

@@ -6,7 +6,8 @@ transaction on a connection of the pool, so a cancelled caller never leaves one 
 
 - Every function of a batch runs in a savepoint; a function that fails rolls back alone. A
   function that loses a deadlock or a lock wait to another host is run again (a few times),
-  since its savepoint released what it held; the others keep their work.
+  since its savepoint released what it held; the others keep their work. The ``BEGIN`` and
+  each savepoint go to the server with the next statement, in its round trip.
 - Moves are compare-and-set (``UPDATE … WHERE id AND parent AND name``): under READ COMMITTED
   a second mover waits for the first to commit, then finds the row moved and changes nothing.
 - ``durable=True`` commits with ``synchronous_commit=on``; uploads in progress may skip the
@@ -151,6 +152,10 @@ def _rollback(conn: psycopg.Connection[Any]) -> None:
         conn.execute("ROLLBACK")
     except psycopg.Error:
         pass
+
+
+class _FirstTripFailed(Exception):
+    """A batch's connection broke at its first round trip: nothing was done on it."""
 
 
 class IntegrityError(ValueError):
@@ -579,9 +584,8 @@ class PgWrite(PgRead, WriteTx):
         self.noted.append((entry_id, at_ns, action, src, dst, uid, pid, reason))
 
 
-def _runner(conn: psycopg.Connection[Any]
+def _runner(statements: Statements  # (the transaction's: each statement's rows read whole)
             ) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
-    statements = Statements(conn)  # (the transaction's: each statement's rows read whole)
 
     def run(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         try:
@@ -808,7 +812,7 @@ class PostgresStore(Store):
         with self._scan_lock, self._begun("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
                                           ) as (conn, _):
             try:
-                yield PgRead(_runner(conn))
+                yield PgRead(_runner(Statements(conn)))
                 conn.execute("COMMIT")
             except psycopg.Error as e:
                 _rollback(conn)
@@ -865,26 +869,42 @@ class PostgresStore(Store):
 
     def run_batch(self, fns: Sequence[Callable[[WriteTx], Any]], durable: bool,
                   wait: bool = True) -> list[tuple[bool, Any]]:
-        # One round trip, the first function's savepoint included; each next one's is one
-        # more (the last needs no release: the commit ends it).
-        with self._begun("BEGIN; SET LOCAL idle_in_transaction_session_timeout = "
-                         f"{WRITE_IDLE_TIMEOUT_MS}" +
-                         ("" if durable else "; SET LOCAL synchronous_commit = off") +
-                         "; SAVEPOINT op") as (conn, _):
-            return self._run(conn, fns)
+        # Begun in the round trip of the batch's first statement, its first function's
+        # savepoint included; each next one's savepoint goes with that one's first statement.
+        begin = [b"BEGIN", b"SET LOCAL idle_in_transaction_session_timeout = "
+                 + str(WRITE_IDLE_TIMEOUT_MS).encode()]
+        if not durable:
+            begin.append(b"SET LOCAL synchronous_commit = off")
+        begin.append(b"SAVEPOINT op")
+        for attempt in range(POOL_MAX + 1):
+            with self._conn() as conn:
+                statements = Statements(conn)
+                statements.ahead(*begin)
+                try:
+                    return self._run(conn, statements, fns)
+                except _FirstTripFailed as e:
+                    # A connection the server dropped (a restart) fails at its first round
+                    # trip, before any work: the pool discards it, and the batch runs on
+                    # another one. (The pool checks no connection it hands out: a check is
+                    # a round trip.)
+                    if attempt == POOL_MAX:
+                        raise unavailable(e.__cause__ or e) from e
+        raise AssertionError("unreachable")
 
-    def _run(self, conn: psycopg.Connection[Any], fns: Sequence[Callable[[WriteTx], Any]]
-             ) -> list[tuple[bool, Any]]:
-        """The batch, in the transaction begun on ``conn``."""
+    def _run(self, conn: psycopg.Connection[Any], statements: Statements,
+             fns: Sequence[Callable[[WriteTx], Any]]) -> list[tuple[bool, Any]]:
+        """The batch, in the transaction ``statements`` begins on ``conn``."""
         results: list[tuple[bool, Any]] = []
         try:
-            tx = PgWrite(_runner(conn))
+            tx = PgWrite(_runner(statements))
             for i, fn in enumerate(fns):
                 if i:
-                    conn.execute("RELEASE op; SAVEPOINT op")
-                results.append(self._one(conn, tx, fn))
-            self._commit(conn, tx)
+                    statements.ahead(b"RELEASE op", b"SAVEPOINT op")
+                results.append(self._one(statements, tx, fn))
+            self._commit(conn, statements, tx)
         except psycopg.Error as e:
+            if not statements.answered and conn.broken:
+                raise _FirstTripFailed() from e
             _rollback(conn)
             log.error("database commit failed: %s", e)
             raise unavailable(e) from e
@@ -893,36 +913,40 @@ class PostgresStore(Store):
             raise
         return results
 
-    def _one(self, conn: psycopg.Connection[Any], tx: PgWrite, fn: Callable[[WriteTx], Any]
+    def _one(self, statements: Statements, tx: PgWrite, fn: Callable[[WriteTx], Any]
              ) -> tuple[bool, Any]:
-        """Run ``fn`` inside savepoint ``op`` (made by the caller). Rolling back to a savepoint
-        keeps it: a function run again starts from the same one."""
+        """Run ``fn`` inside savepoint ``op`` (asked for by the caller). Rolling back to a
+        savepoint keeps it: a function run again starts from the same one."""
         for attempt in range(1, RETRIES + 1):
             mark = tx.mark()
             try:
                 return True, fn(tx)
             except _LOST as e:  # another host's transaction was in the way
-                self._undo(conn, tx, mark)
+                self._undo(statements, tx, mark)
                 if attempt == RETRIES:
                     return False, StoreFailure(f"database busy: {str(e).splitlines()[0]}")
                 continue
             except psycopg.errors.LockNotAvailable as e:  # held beyond lock_timeout
-                self._undo(conn, tx, mark)
+                self._undo(statements, tx, mark)
                 return False, StoreFailure(f"database busy: {str(e).splitlines()[0]}")
             except psycopg.OperationalError:
                 raise  # the connection is gone: the whole batch fails
             except (SpoolError, IntegrityError, psycopg.errors.DataError, OSError, ValueError,
                     ArithmeticError, TypeError) as e:  # this request fails alone
-                self._undo(conn, tx, mark)
+                self._undo(statements, tx, mark)
                 return False, e
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _undo(conn: psycopg.Connection[Any], tx: PgWrite, mark: tuple[int, int]) -> None:
-        conn.execute("ROLLBACK TO op")
+    def _undo(statements: Statements, tx: PgWrite, mark: tuple[int, int]) -> None:
+        """Back to savepoint ``op``: where the function sent nothing (its savepoint still
+        waits to be sent), nothing of it is on the server."""
+        if not statements.pending:
+            statements.run("ROLLBACK TO op")
         tx.undo(mark)
 
-    def _commit(self, conn: psycopg.Connection[Any], tx: PgWrite) -> None:
+    def _commit(self, conn: psycopg.Connection[Any], statements: Statements, tx: PgWrite
+                ) -> None:
         """The batch's change rows and history rows, and the commit: one round trip however
         many rows. The statement is bound here (a client-side cursor: a prepared statement
         cannot carry two commands) and sent with the COMMIT in one message, so no daemon can
@@ -933,6 +957,12 @@ class PostgresStore(Store):
         calls the session's function (pg_schema.COMMIT_FUNCTION) where it was made, and
         says it all where not."""
         history = tx.history_rows()
+        if not statements.answered and not history:
+            statements.pending.clear()  # nothing sent: no transaction to end
+            return
+        if statements.pending and not statements.answered:
+            statements.send_pending()  # history alone (no function of the engine makes it)
+        statements.pending.clear()  # a savepoint nothing followed: the commit ends them
         if not tx.changed and not history:
             conn.execute("COMMIT")
             return
