@@ -66,14 +66,15 @@ async def test_an_opener_that_may_keep_them_keeps_them(env: tuple[Spool, Q]) -> 
     await spool.close(h, root)
 
 
-async def test_an_upload_into_ready_reads_no_mode_at_its_first_write(
-        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
-    """An upload created in ready/ is no name another opener can reach until it appears:
-    its mode is the one it was made with until this daemon changes it, so its first write
-    reads no row (a query less per ``cp`` into ready/, a round trip on a database server).
-    A chmod here before that write, or set-ID bits it was made with, still go at it."""
+@pytest.mark.parametrize("into", [State.READY, State.PARTIAL])
+async def test_a_new_upload_reads_no_mode_at_its_first_write(
+        env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch, into: State) -> None:
+    """A new upload's mode is the one it was made with until a mode may have changed (a
+    chmod here, a change seen from another host), so its first write reads no row (a query
+    less per ``cp``, a round trip on a database server). A chmod here before that write, or
+    set-ID bits it was made with, still go at it."""
     spool, q = env
-    e, h = await spool.create(q[State.READY], b"tool", 0o777, NOBODY)
+    e, h = await spool.create(q[into], b"tool", 0o777, NOBODY)
     reads: list[int] = []
     get = spool.r.get
     monkeypatch.setattr(spool.r, "get", lambda i: reads.append(i) or get(i))
@@ -87,7 +88,7 @@ async def test_an_upload_into_ready_reads_no_mode_at_its_first_write(
     await spool.close(h, NOBODY)
     assert content(spool, e.id) == b"#!/bin/sh\none\n"
 
-    e2, h2 = await spool.create(q[State.READY], b"tool2", 0o4777, NOBODY)
+    e2, h2 = await spool.create(q[into], b"tool2", 0o4777, NOBODY)
     await write(spool, h2, 0, b"x")
     assert mode(spool, e2.id) == 0o777
     await spool.close(h2, NOBODY)

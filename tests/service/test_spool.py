@@ -820,29 +820,32 @@ async def published(spool: Spool, data: bytes) -> AsyncIterator[tuple[Q, int]]:
         spool.committer.close()
 
 
-async def test_opening_content_in_a_shared_blob_store_reads_its_row_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
-    """Each read of a row is a round trip to a database server: an open that makes a remote
-    blob readable here and then opens it reads the blob's row once."""
+@pytest.mark.parametrize("remote", [True, False])
+async def test_an_open_of_published_content_is_one_query(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str, remote: bool) -> None:
+    """Each read of a row is a round trip to a database server: an open of published
+    content reads the message's row and its content's blob row in one query, also where it
+    makes a remote blob readable here first."""
     store = open_any(pg_url)
-    place = Place(pg_url, BlobDir(str(tmp_path / "blobs"), remote=True),
+    place = Place(pg_url, BlobDir(str(tmp_path / "blobs"), remote=remote),
                   StagingDir(str(tmp_path / "staging")), str(tmp_path), False,
                   str(tmp_path / "blobs"))
     spool = Spool(store, place)
     async with published(spool, b"published bytes") as (q, mid):
-        read = spool.r.blob
-        asked: list[int] = []
+        run = spool.r._run  # type: ignore[attr-defined]
+        asked: list[str] = []
 
-        def counting(blob_id: int) -> Any:
-            asked.append(blob_id)
-            return read(blob_id)
-        monkeypatch.setattr(spool.r, "blob", counting)
+        def counting(query: str, params: Any) -> Any:
+            asked.append(query)
+            return run(query, params)
+        monkeypatch.setattr(spool.r, "_run", counting)
         h = await spool.open(mid, False, False, WHO)
+        opened = list(asked)
         try:
             assert h.read(0, 100) == b"published bytes"
         finally:
             await spool.close(h, WHO)
-        assert len(asked) == 1, asked
+        assert len(opened) == 1, opened
     store.close()
 
 

@@ -221,6 +221,32 @@ def test_a_server_before_14_gets_the_settings_it_has(version: int) -> None:
     assert ("client_connection_check_interval" in conn.sent[0]) == (version >= 140000)
 
 
+def test_two_hosts_creating_one_name_at_once_have_one_winner(two) -> None:  # type: ignore[no-untyped-def]
+    """The second insert of a name another host is inserting waits for it, then finds the
+    name taken: None (EEXIST for the caller), not a constraint's error."""
+    a, b = two
+    inserted, release = threading.Event(), threading.Event()
+
+    def new(tx: WriteTx) -> Entry | None:
+        return tx.insert_unless_named(parent=1, name=b"same", kind="message",
+                                      state=State.PARTIAL, staged=1, mode=0o100644,
+                                      mtime_ns=1, ctime_ns=1, created_ns=1)
+
+    def held(tx: WriteTx) -> Entry | None:
+        got = new(tx)
+        inserted.set()
+        release.wait(10)
+        return got
+    won: list[Any] = []
+    t = threading.Thread(target=lambda: won.append(one(a, held)))
+    t.start()
+    assert inserted.wait(10)
+    threading.Timer(0.3, release.set).start()
+    assert one(b, new) is None  # waited for a's commit
+    t.join(10)
+    assert won[0] is not None and b.reader().lookup(1, b"same") == won[0]
+
+
 def test_ids_are_unique_across_stores(two) -> None:  # type: ignore[no-untyped-def]
     a, b = two
     got = [one(s, lambda tx, n=n: msg(tx, 1, n)).id

@@ -66,6 +66,45 @@ def test_lookup_and_get_read_what_each_reads(store: Store) -> None:
     assert got is not None and where is not None and (got.id, where.id) == (e.id, d.id)
 
 
+def test_get_with_blob_reads_what_each_reads(store: Store) -> None:
+    """An open's two reads, together (one round trip on a database server): the entry and
+    its content's blob row, inline or in a file; none for an entry without content, or
+    none at all."""
+    inline = one(store, lambda tx: tx.blob_insert(b"\1" * 32, 3, b"abc", refs=1))
+    in_file = one(store, lambda tx: tx.blob_insert(b"\2" * 32, 9, None, refs=2))
+    es = [one(store, lambda tx, n=n, b=b: msg(tx, 1, n, blob=b, size=3))
+          for n, b in ((b"inline", inline), (b"file", in_file), (b"other", in_file))]
+    es.append(one(store, lambda tx: msg(tx, 1, b"none")))
+    r = store.reader()
+    for e in es:
+        got = r.get(e.id)
+        assert got is not None
+        assert r.get_with_blob(e.id) == (got, r.blob(got.blob) if got.blob else None)
+    assert r.get_with_blob(999_999) == (None, None)
+    got_e, b = r.get_with_blob(es[1].id)
+    assert b is not None and (b.id, b.sha256, b.size, b.refcount, b.data) == (
+        in_file, b"\2" * 32, 9, 2, None)
+
+
+def test_insert_unless_named_leaves_a_taken_name_alone(store: Store) -> None:
+    """A new upload's row, unless its name is taken (by a hidden upload too): then none,
+    and nothing changes (one statement on a database server)."""
+    shown = one(store, lambda tx: msg(tx, 1, b"shown"))
+    hidden = one(store, lambda tx: msg(tx, 1, b"hidden", hidden=1, staged=1))
+
+    def new(name: bytes):  # type: ignore[no-untyped-def]
+        return lambda tx: tx.insert_unless_named(parent=1, name=name, kind="message",
+                                                 state=State.PARTIAL, staged=1, mode=0o100644,
+                                                 mtime_ns=1, ctime_ns=1, created_ns=1)
+    assert one(store, new(b"shown")) is None
+    assert one(store, new(b"hidden")) is None
+    made = one(store, new(b"free"))
+    r = store.reader()
+    assert made is not None and r.get(made.id) == made == r.lookup(1, b"free")
+    assert r.get(shown.id) == shown and r.get(hidden.id) == hidden
+    assert [e.name for e in r.children(1) if e.is_message] == [b"shown", b"hidden", b"free"]
+
+
 def test_move_is_compare_and_set(store: Store) -> None:
     e = one(store, lambda tx: msg(tx, 1, b"a"))
     assert one(store, lambda tx: tx.move(e.id, 1, b"a", 1, b"b", state=State.WORKING))

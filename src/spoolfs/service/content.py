@@ -481,12 +481,13 @@ class Content:
             self.blobs.upload(sealed.staging_path, sealed.sha256, sealed.blob_id)
         return sealed
 
-    def fetch(self, r: ReadTx, entry: Entry) -> Blob | None:
+    def fetch(self, r: ReadTx, entry: Entry, blob: Blob | None = None) -> Blob | None:
         """Make a published message's content readable here (a remote store: into the local
-        cache; blocking); its blob row, for ``open``."""
+        cache; blocking); its blob row (``blob`` if given), for ``open``."""
         if not self.blobs.remote or entry.staged or entry.blob is None:
             return None
-        blob = r.blob(entry.blob)
+        if blob is None:
+            blob = r.blob(entry.blob)
         if blob is not None and blob.data is None:
             self.blobs.fetch(blob.sha256, blob.id, blob.size)
         return blob

@@ -29,7 +29,7 @@ from spoolfs.service.content import Handle
 from spoolfs.service.publishing import Publishing
 from spoolfs.service.roles import inherit, keeps_setid, setid_bits
 from spoolfs.service.spool_core import Who, free_off_loop
-from spoolfs.store.base import Entry, WriteTx
+from spoolfs.store.base import Blob, Entry, WriteTx
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,12 @@ class Uploads(Publishing):
             fields["id"] = pooled[0]
 
         def fn(tx: WriteTx) -> Entry:
-            if tx.lookup(d.id, name) is not None:
+            e = tx.insert_unless_named(
+                parent=d.id, name=name, staged=1, mode=stat.S_IFREG | (mode & 0o7777),
+                uid=who.uid, gid=inherit(d, who.gid, mode, is_dir=False)[0], mtime_ns=now,
+                created_ns=now, **fields)
+            if e is None:
                 raise Exists()
-            e = tx.insert(parent=d.id, name=name, staged=1, mode=stat.S_IFREG | (mode & 0o7777),
-                          uid=who.uid, gid=inherit(d, who.gid, mode, is_dir=False)[0],
-                          mtime_ns=now, created_ns=now, **fields)
             for earlier in made:  # a database server's retry of the transaction
                 self._let_go(earlier)
                 earlier.close()
@@ -96,9 +97,10 @@ class Uploads(Publishing):
         if pooled is None:
             self.staging_pool.used(e.id)
         h = self._open_handle(e, writable=True, who=who, h=made[-1])
-        if e.hidden and not setid_bits(e.mode):
-            # an upload into ready/ is no name another opener can reach until it appears:
-            # its mode is this one until this daemon changes it (drop_setid reads no row)
+        if not setid_bits(e.mode):
+            # the mode it was made with, as a read of the row would give it: read again only
+            # once a mode may have changed since (a chmod here, a change seen from another
+            # host), as after any write (drop_setid)
             h.setid_clear_at = modes_seen
         return e, h
 
@@ -134,7 +136,9 @@ class Uploads(Publishing):
         return h
 
     async def open(self, entry_id: int, writable: bool, truncate: bool, who: Who) -> Handle:
-        e = self.get(entry_id)
+        e, blob = self.r.get_with_blob(entry_id)  # (one round trip on a database server)
+        if e is None:
+            raise NotFound(f"no entry {entry_id}")
         if e.kind not in ("message", MEMBER) or is_dir(e):
             raise IsADirectory()
         if e.hidden and not (writable or truncate or who.nfs):
@@ -158,7 +162,7 @@ class Uploads(Publishing):
                     held, shares = shares, False
                     await self._stopped_writing(e.id, who, held)
                     e = self.get(e.id)
-            h = await self._opened(e, writable)
+            h = await self._opened(e, writable, blob)
         except BaseException:
             await self._stopped_writing(e.id, who, shares, counted)
             raise
@@ -221,10 +225,13 @@ class Uploads(Publishing):
             self._check_modify(e)
         return e
 
-    async def _opened(self, e: Entry, writable: bool) -> Handle:
-        blob = None  # the blob row, when making the content readable here read it
+    async def _opened(self, e: Entry, writable: bool, blob: Blob | None = None) -> Handle:
+        """A handle on ``e``'s content; ``blob``: its blob row, if read with it (else read
+        here when needed)."""
+        if blob is not None and blob.id != e.blob:
+            blob = None  # (the row was read before a truncation)
         if self.content.blobs.remote and not e.staged and e.blob is not None:
-            blob = await trio.to_thread.run_sync(self.content.fetch, self.r, e,
+            blob = await trio.to_thread.run_sync(self.content.fetch, self.r, e, blob,
                                                  limiter=self.limiter)
         h = self.content.open_cached(self.r, e, writable, blob)
         if h is None:  # its file's path is not in the kernel's cache: looked up on the disk

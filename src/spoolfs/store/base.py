@@ -132,6 +132,12 @@ class ReadTx(abc.ABC):
         engine reads both in one round trip."""
         return self.lookup(parent, name), self.get(entry_id)
 
+    def get_with_blob(self, entry_id: int) -> tuple[Entry | None, Blob | None]:
+        """``get(entry_id)``, and the blob row of its content (None without one): what an
+        open reads. A database server's engine reads both in one round trip."""
+        e = self.get(entry_id)
+        return e, (self.blob(e.blob) if e is not None and e.blob is not None else None)
+
     # The same reads as steps (``Steps``), for the event loop's hottest requests: an engine
     # that waits on a server overrides them, so that the loop answers others meanwhile.
 
@@ -269,6 +275,13 @@ class WriteTx(ReadTx):
     def insert(self, **fields: Any) -> Entry:
         """A new row; its ``id`` is the next free one unless given (one of
         ``reserve_entry_ids``)."""
+
+    def insert_unless_named(self, **fields: Any) -> Entry | None:
+        """``insert``, unless a row has the name already (``parent``, ``name``): then None,
+        and nothing changes. A database server's engine does both in one round trip."""
+        if self.lookup(fields["parent"], fields["name"]) is not None:
+            return None
+        return self.insert(**fields)
 
     @abc.abstractmethod
     def reserve_entry_ids(self, n: int) -> list[int]:

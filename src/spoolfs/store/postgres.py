@@ -102,6 +102,10 @@ _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 _ROW = f"{_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
 _SEL = f"SELECT {_ROW}"
 _LOOKUP = f"{_SEL} WHERE e.parent=%s AND e.name=%s"
+#: an entry and its content's blob row in one round trip (an open's reads)
+_GET_WITH_BLOB = (f"SELECT {_COLS}, b.refcount, b.id, b.sha256, b.size, b.data FROM entries e "
+                  "LEFT JOIN blobs b ON b.id = e.blob WHERE e.id=%s")
+_ENTRY_PART = len(ENTRY_COLUMNS) + 1  # (its refcount too)
 #: a rename's two reads in one round trip, each row tagged with which it answers
 _LOOKUP_AND_GET = (f"SELECT 0, {_ROW} WHERE e.parent=%s AND e.name=%s UNION ALL "
                    f"SELECT 1, {_ROW} WHERE e.id=%s")
@@ -220,6 +224,14 @@ class PgRead(ReadTx):
     def get(self, entry_id: int) -> Entry | None:
         row = self.q1(f"{_SEL} WHERE e.id=%s", (entry_id,))
         return Entry.from_row(row) if row else None
+
+    def get_with_blob(self, entry_id: int) -> tuple[Entry | None, Blob | None]:
+        row = self.q1(_GET_WITH_BLOB, (entry_id,))
+        if row is None:
+            return None, None
+        blob_id, sha256, size, data = row[_ENTRY_PART:]
+        return Entry.from_row(row[:_ENTRY_PART]), None if blob_id is None else _blob(
+            (blob_id, sha256, size, row[_ENTRY_PART - 1], data))
 
     def lookup(self, parent: int, name: bytes) -> Entry | None:
         row = self.q1(_LOOKUP, (parent, name))
@@ -418,6 +430,15 @@ class PgWrite(PgRead, WriteTx):
         return sorted(int(r[0]) for r in rows)
 
     def insert(self, **fields: Any) -> Entry:
+        entry = self._insert(fields, "")
+        assert entry is not None
+        return entry
+
+    def insert_unless_named(self, **fields: Any) -> Entry | None:
+        # (a name another transaction is inserting: waited for, then None if it committed)
+        return self._insert(fields, " ON CONFLICT (parent, name) DO NOTHING")
+
+    def _insert(self, fields: dict[str, Any], conflict: str) -> Entry | None:
         for k in fields:
             if k not in ENTRY_COLUMNS:
                 raise ValueError(f"unknown entry column {k}")
@@ -426,11 +447,12 @@ class PgWrite(PgRead, WriteTx):
         # the new row read back as ``get`` reads it, and its directory's times, in the same
         # round trip
         now = time.time_ns()
-        row = self.q1(f"WITH e AS (INSERT INTO entries ({cols}) VALUES ({marks}) RETURNING *), "
-                      + _stamping("SELECT parent FROM e WHERE hidden = 0") +
+        row = self.q1(f"WITH e AS (INSERT INTO entries ({cols}) VALUES ({marks}){conflict} "
+                      "RETURNING *), " + _stamping("SELECT parent FROM e WHERE hidden = 0") +
                       f" SELECT {_COLS}, b.refcount FROM e LEFT JOIN blobs b ON b.id = e.blob",
                       [*(_value(v) for v in fields.values()), now, now])
-        assert row is not None
+        if row is None:
+            return None
         entry = Entry.from_row(row)
         if not entry.hidden:
             self._stamped(entry.parent)
