@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
@@ -882,6 +883,62 @@ async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
         assert len(asked) == 1, asked
         assert spool.get(mid).parent == w1.id
     store.close()
+
+
+async def test_a_claim_on_a_database_server_is_three_round_trips(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+    """Each round trip is a wait on a server that may be on another machine, and a claim's
+    rename holds the kernel's rename lock through all of them: its reads (the message, the
+    directory it goes into, what has its name there), then its transaction, begun with the
+    move (which takes the name only if it is still free: no lookup first), and the commit.
+    Counted in what libpq sends on every connection of the store (one wait per Query or
+    Sync; a prepare's Parse has a Sync of its own), once each statement is prepared. A name
+    taken there is still replaced or refused as the rules say."""
+    from spoolfs.store.postgres import PostgresStore
+    trace = open(tmp_path / "trace", "w")  # noqa: SIM115 (closed below)
+    configure, connect = PostgresStore._configure, PostgresStore.connect
+
+    def traced(conn: Any) -> Any:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        return conn
+    monkeypatch.setattr(PostgresStore, "_configure",
+                        staticmethod(lambda conn: traced(conn) and configure(conn)))
+    monkeypatch.setattr(PostgresStore, "connect",
+                        lambda self, autocommit=False: traced(connect(self, autocommit)))
+    store = PostgresStore(pg_url, pool_max=1)
+    spool = Spool(store, str(tmp_path))
+    try:
+        async with published(spool, b"bytes") as (q, mid):
+            w1 = await spool.mkdir(q[State.WORKING], b"w1", 0o755, WHO)
+            second = await upload(spool, q[State.PARTIAL], b"g", b"more")
+            await spool.rename(q[State.PARTIAL], b"g", q[State.READY], b"g", 0, WHO)
+            await spool.rename(q[State.READY], b"f", w1.id, b"f", 0, WHO)  # all prepared
+            start = os.path.getsize(trace.name)
+            await spool.rename(q[State.READY], b"g", w1.id, b"g", 0, WHO)
+            with open(trace.name) as f:
+                f.seek(start)
+                sent = f.read()
+            assert spool.get(second).parent == w1.id
+            sends = [line.split("\t")[2:4] for line in sent.splitlines()
+                     if line.startswith("F\t") and "spoolfs_prepare" not in line]
+            waits = sum(1 for s in sends if s[0].strip() in ("Query", "Sync")) - sum(
+                1 for s in sends if s[0].strip() == "Parse" and not s[1].startswith(' ""'))
+            assert waits == 3, sent
+            # a name taken there: NOREPLACE refuses, a plain rename replaces (finished work)
+            third = await upload(spool, q[State.PARTIAL], b"h", b"third")
+            await spool.rename(q[State.PARTIAL], b"h", q[State.READY], b"h", 0, WHO)
+            await spool.rename(w1.id, b"g", q[State.SUCCESS], b"g", 0, WHO)
+            await spool.rename(q[State.READY], b"h", w1.id, b"h", 0, WHO)
+            with pytest.raises(Exists):
+                await spool.rename(w1.id, b"h", q[State.SUCCESS], b"g", RENAME_NOREPLACE, WHO)
+            await spool.rename(w1.id, b"h", q[State.SUCCESS], b"g", 0, WHO)
+            assert spool.get(third).parent == q[State.SUCCESS]
+            with pytest.raises(NotFound):
+                spool.get(second)
+    finally:
+        store.close()
+        trace.close()
 
 
 async def test_a_staging_directory_whose_clock_cannot_be_read_leaves_leftovers_to_gc(

@@ -76,11 +76,11 @@ async def test_the_loop_answers_others_while_a_lookup_waits_on_the_server(
         assert got == []  # still waiting for the lock
         locked.rollback()
     assert ticks == 20 and [_name(e) for e in got] == [b"q"]
-    # a rename's two reads, the same way
-    e, d = await waited(r.lookup_and_get_steps(1, b"q", 1))
-    assert _name(e) == b"q" and d is not None and d.id == 1
-    e, d = await waited(r.lookup_and_get_steps(1, b"absent", 123456))
-    assert e is None and d is None
+    # a rename's three reads, the same way
+    e, d, there = await waited(r.rename_reads_steps(1, b"q", 1, b"q"))
+    assert _name(e) == b"q" and d is not None and d.id == 1 and _name(there) == b"q"
+    e, d, there = await waited(r.rename_reads_steps(1, b"absent", 123456, b"q"))
+    assert e is None and d is None and there is None
 
 
 async def test_a_lookup_stopped_half_way_leaves_no_statement_behind(

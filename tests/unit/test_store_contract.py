@@ -52,18 +52,41 @@ def test_insert_lookup_bytes_names(store: Store) -> None:
     assert got is not None and got.id == e.id and got.name == name and got.state is State.READY
 
 
-def test_lookup_and_get_read_what_each_reads(store: Store) -> None:
-    """A rename's two reads, together (one round trip on a database server): each answer
-    is what its own read gives, whichever is missing, and when both are the same row."""
+def test_rename_reads_read_what_each_reads(store: Store) -> None:
+    """A rename's three reads, together (one round trip on a database server): each answer
+    is what its own read gives, whichever is missing, and when some are the same row."""
     d = one(store, lambda tx: tx.insert(parent=1, name=b"dir", kind="state", mode=0o40755,
                                         mtime_ns=1, ctime_ns=1, created_ns=1))
     e = one(store, lambda tx: msg(tx, d.id, b"m", size=5))
+    one(store, lambda tx: msg(tx, d.id, b"n", size=5))
     r = store.reader()
     for parent, name, other in ((d.id, b"m", d.id), (d.id, b"m", 999_999), (d.id, b"x", d.id),
                                 (d.id, b"x", 999_999), (1, b"dir", d.id), (d.id, b"m", e.id)):
-        assert r.lookup_and_get(parent, name, other) == (r.lookup(parent, name), r.get(other))
-    got, where = r.lookup_and_get(d.id, b"m", d.id)
-    assert got is not None and where is not None and (got.id, where.id) == (e.id, d.id)
+        for new_name in (b"m", b"n", b"free", b"dir"):
+            assert r.rename_reads(parent, name, other, new_name) == (
+                r.lookup(parent, name), r.get(other), r.lookup(other, new_name))
+    got, where, there = r.rename_reads(d.id, b"m", d.id, b"n")
+    assert got is not None and where is not None and there is not None
+    assert (got.id, where.id, there.name) == (e.id, d.id, b"n")
+
+
+def test_a_move_to_a_free_name_leaves_a_taken_name_alone(store: Store) -> None:
+    """A move that takes a name only if no other row has it: False, nothing changed, when
+    one has (a hidden upload too), and when the row moved meanwhile; a move onto its own
+    name is no other row's."""
+    e = one(store, lambda tx: msg(tx, 1, b"a"))
+    one(store, lambda tx: msg(tx, 1, b"taken"))
+    one(store, lambda tx: msg(tx, 1, b"hidden", hidden=1, staged=1))
+    for name in (b"taken", b"hidden"):
+        assert not one(store, lambda tx, n=name: tx.move(e.id, 1, b"a", 1, n, free=True,
+                                                         state=State.WORKING))
+    assert not one(store, lambda tx: tx.move(e.id, 1, b"gone", 1, b"b", free=True))
+    r = store.reader()
+    assert r.get(e.id) == r.lookup(1, b"a") and r.get(e.id).state is State.READY  # type: ignore[union-attr]
+    assert one(store, lambda tx: tx.move(e.id, 1, b"a", 1, b"a", free=True, state=State.WORKING))
+    assert one(store, lambda tx: tx.move(e.id, 1, b"a", 1, b"b", free=True))
+    got = store.reader().lookup(1, b"b")
+    assert got is not None and got.id == e.id and got.state is State.WORKING
 
 
 def test_get_with_blob_reads_what_each_reads(store: Store) -> None:

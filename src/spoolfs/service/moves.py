@@ -42,11 +42,12 @@ def place(e: Entry) -> str:
 def apply(tx: WriteTx, cur: Entry, action: Action, to: State | None, ctx: Context, by: By, *,
           into: tuple[int, bytes] | None = None, src: str | None = None,
           dst: str | None = None, why: str | None = None, history: bool = True,
-          **extra: Any) -> bool:
+          free: bool = False, **extra: Any) -> bool:
     """In a transaction: ``action`` on message ``cur`` into state ``to`` (None: it is being
     deleted, by the caller). With ``into`` (parent, name) it moves there, a compare-and-set on
     ``cur``'s parent and name (False: it moved meanwhile, nothing changed); without, it
-    changes in place. ``extra``: fields that are no effect of the table (the queue a rename
+    changes in place; ``free``: False also when another row has that name (nothing
+    changed). ``extra``: fields that are no effect of the table (the queue a rename
     enters, the original of a duplicate). ``history=False``: no history row (a lease renewed
     by every read would drown the transitions)."""
     assert cur.state is not None
@@ -55,7 +56,7 @@ def apply(tx: WriteTx, cur: Entry, action: Action, to: State | None, ctx: Contex
         fields.update(extra)
         if into is not None:
             assert cur.parent is not None
-            if not tx.move(cur.id, cur.parent, cur.name, *into, state=to, **fields):
+            if not tx.move(cur.id, cur.parent, cur.name, *into, free=free, state=to, **fields):
                 return False
             if action in UNASKED:
                 _named(*into)

@@ -45,7 +45,7 @@ class Moving(Uploads):
         if flags & (RENAME_EXCHANGE | RENAME_WHITEOUT):
             raise Invalid("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
         check_message_name(new_name)
-        src, d = await self.lookup_into(parent, name, new_parent)
+        src, d, there = await self.rename_reads(parent, name, new_parent, new_name)
         if src.kind == MEMBER:
             await self._rename_member(src, parent, new_parent, new_name, flags)
             return False
@@ -74,7 +74,8 @@ class Moving(Uploads):
         try:
             with self._sealing_of(src) if seals else nullcontext():
                 deferred = await self._rename_message(src, d, action, defer, parent, name,
-                                                      new_parent, new_name, flags, who)
+                                                      new_parent, new_name, flags, who,
+                                                      there is None)
         finally:
             self._unexclusive(taken)
         if (elsewhere or defer) and src.id not in self._writers:
@@ -102,7 +103,10 @@ class Moving(Uploads):
 
     async def _rename_message(self, src: Entry, d: Entry, action: Action, defer: bool,
                               parent: int, name: bytes, new_parent: int, new_name: bytes,
-                              flags: int, who: Who) -> bool:
+                              flags: int, who: Who, seen_free: bool) -> bool:
+        """``seen_free``: the new name was free before the transaction. Its move then takes
+        the name only if it is still free (no lookup first: a round trip less on a database
+        server), and looks it up only when it is not."""
         dst_state = self._message_dir(d)
         src_kind, dst_kind = self.kind(src), rules.kind_of(dst_state, new_name)
         sealed = await self._seal(src) if action is Action.PUBLISH and src.staged and not defer \
@@ -122,20 +126,25 @@ class Moving(Uploads):
         left: list[bool] = []  # the message went on from ready/ (fan-out, skipped duplicate)
 
         def fn(tx: WriteTx) -> None:
-            old = tx.lookup(new_parent, new_name)
-            if old is not None and old.id != src.id:
-                if flags & RENAME_NOREPLACE or old.hidden:
-                    raise Exists("target exists")
-                rules.decide_replace(dst_kind, False)
-                if old.kind != "message":
-                    raise IsADirectory()
-                if dst_kind in rules.MUTABLE:  # uploads: a directory's rules, as anywhere
-                    batches.check_replace(tx, src, old)
-                self.delete_message(tx, old, cleanup)
-                apply(tx, old, Action.REPLACED, None, ctx, by, why=f"replaced by {src.id}")
-            if not apply(tx, src, action, dst_state, ctx, by, into=(new_parent, new_name),
-                         queue=d.queue):
-                raise NotFound("already moved")
+            into = (new_parent, new_name)
+            if not (seen_free and apply(tx, src, action, dst_state, ctx, by, into=into,
+                                        queue=d.queue, free=True)):
+                # (the name was not free before, or was taken since; or the message moved)
+                old = tx.lookup(new_parent, new_name)
+                if old is not None and old.id != src.id:
+                    if flags & RENAME_NOREPLACE or old.hidden:
+                        raise Exists("target exists")
+                    rules.decide_replace(dst_kind, False)
+                    if old.kind != "message":
+                        raise IsADirectory()
+                    if dst_kind in rules.MUTABLE:  # uploads: a directory's rules, as anywhere
+                        batches.check_replace(tx, src, old)
+                    self.delete_message(tx, old, cleanup)
+                    apply(tx, old, Action.REPLACED, None, ctx, by, why=f"replaced by {src.id}")
+                elif seen_free:  # the name is free: the message moved
+                    raise NotFound("already moved")
+                if not apply(tx, src, action, dst_state, ctx, by, into=into, queue=d.queue):
+                    raise NotFound("already moved")
             if sealed is not None:
                 self.content.attach(tx, src.id, sealed)
                 cleanup.append(("staging", src.id))

@@ -208,15 +208,17 @@ class SpoolCore:
             check_message_name(name)
         return _shown(self.r.lookup(parent, name))
 
-    async def lookup_into(self, parent: int, name: bytes, new_parent: int
-                          ) -> tuple[Entry, Entry | None]:
-        """``lookup(parent, name)``, and the entry ``new_parent`` (None when it is gone), read
-        together: a rename's reads before its transaction, one round trip on a database
-        server, which the loop does not wait for (``steps``)."""
+    async def rename_reads(self, parent: int, name: bytes, new_parent: int, new_name: bytes
+                           ) -> tuple[Entry, Entry | None, Entry | None]:
+        """``lookup(parent, name)``, the entry ``new_parent`` (None when it is gone) and
+        the row named ``new_parent/new_name`` (None when the name is free), read together:
+        a rename's reads before its transaction, one round trip on a database server, which
+        the loop does not wait for (``steps``)."""
         if len(name) > 255:
             check_message_name(name)
-        e, d = await waited(self.r.lookup_and_get_steps(parent, name, new_parent))
-        return _shown(e), d
+        e, d, there = await waited(self.r.rename_reads_steps(parent, name, new_parent,
+                                                             new_name))
+        return _shown(e), d, there
 
     async def find(self, parent: int, name: bytes, who: Who | None = None) -> Entry | None:
         """The visible entry ``parent/name``, or None when the name is free; NotFound (never

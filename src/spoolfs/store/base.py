@@ -125,12 +125,14 @@ class ReadTx(abc.ABC):
     @abc.abstractmethod
     def lookup(self, parent: int, name: bytes) -> Entry | None: ...
 
-    def lookup_and_get(self, parent: int, name: bytes, entry_id: int
-                       ) -> tuple[Entry | None, Entry | None]:
-        """``lookup(parent, name)`` and ``get(entry_id)``: what a rename reads before its
-        transaction (the row it moves, the directory it moves it into). A database server's
-        engine reads both in one round trip."""
-        return self.lookup(parent, name), self.get(entry_id)
+    def rename_reads(self, parent: int, name: bytes, new_parent: int, new_name: bytes
+                     ) -> tuple[Entry | None, Entry | None, Entry | None]:
+        """``lookup(parent, name)``, ``get(new_parent)`` and ``lookup(new_parent,
+        new_name)``: what a rename reads before its transaction (the row it moves, the
+        directory it moves it into, what has the name there). A database server's engine
+        reads them in one round trip."""
+        return (self.lookup(parent, name), self.get(new_parent),
+                self.lookup(new_parent, new_name))
 
     def get_with_blob(self, entry_id: int) -> tuple[Entry | None, Blob | None]:
         """``get(entry_id)``, and the blob row of its content (None without one): what an
@@ -145,9 +147,9 @@ class ReadTx(abc.ABC):
         return self.lookup(parent, name)
         yield  # (a generator without a step)
 
-    def lookup_and_get_steps(self, parent: int, name: bytes, entry_id: int
-                             ) -> Steps[tuple[Entry | None, Entry | None]]:
-        return self.lookup_and_get(parent, name, entry_id)
+    def rename_reads_steps(self, parent: int, name: bytes, new_parent: int, new_name: bytes
+                           ) -> Steps[tuple[Entry | None, Entry | None, Entry | None]]:
+        return self.rename_reads(parent, name, new_parent, new_name)
         yield
 
     @abc.abstractmethod
@@ -291,8 +293,10 @@ class WriteTx(ReadTx):
 
     @abc.abstractmethod
     def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
-             **fields: Any) -> bool:
-        """Compare-and-set: move ``entry_id`` only if it is still ``parent/name``."""
+             *, free: bool = False, **fields: Any) -> bool:
+        """Compare-and-set: move ``entry_id`` only if it is still ``parent/name``; with
+        ``free``, only if no other row has the name ``new_parent/new_name`` either (no
+        lookup first: one statement)."""
 
     @abc.abstractmethod
     def update(self, entry_id: int, **fields: Any) -> bool: ...

@@ -229,10 +229,13 @@ class MemoryWrite(MemoryRead, WriteTx):
         self.s.entries[entry_id] = row
 
     def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
-             **fields: Any) -> bool:
+             *, free: bool = False, **fields: Any) -> bool:
         vals = _check_fields(fields)
         row = self.s.entries.get(entry_id)
         if row is None or row["parent"] != parent or row["name"] != name:
+            return False
+        there = self.lookup(new_parent, new_name) if free else None
+        if there is not None and there.id != entry_id:
             return False
         was_hidden = bool(row["hidden"])
         self._set(entry_id, {"parent": new_parent, "name": bytes(new_name), **vals})

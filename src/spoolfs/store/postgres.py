@@ -106,9 +106,10 @@ _LOOKUP = f"{_SEL} WHERE e.parent=%s AND e.name=%s"
 _GET_WITH_BLOB = (f"SELECT {_COLS}, b.refcount, b.id, b.sha256, b.size, b.data FROM entries e "
                   "LEFT JOIN blobs b ON b.id = e.blob WHERE e.id=%s")
 _ENTRY_PART = len(ENTRY_COLUMNS) + 1  # (its refcount too)
-#: a rename's two reads in one round trip, each row tagged with which it answers
-_LOOKUP_AND_GET = (f"SELECT 0, {_ROW} WHERE e.parent=%s AND e.name=%s UNION ALL "
-                   f"SELECT 1, {_ROW} WHERE e.id=%s")
+#: a rename's three reads in one round trip, each row tagged with which it answers
+_RENAME_READS = (f"SELECT 0, {_ROW} WHERE e.parent=%s AND e.name=%s UNION ALL "
+                 f"SELECT 1, {_ROW} WHERE e.id=%s UNION ALL "
+                 f"SELECT 2, {_ROW} WHERE e.parent=%s AND e.name=%s")
 _LISTED = (f"SELECT {', '.join(f'e.{c}' for c in LISTED_COLUMNS)}, b.refcount "
            "FROM entries e LEFT JOIN blobs b ON b.id = e.blob")
 _BLOB = "SELECT id, sha256, size, refcount, data FROM blobs"
@@ -199,12 +200,13 @@ class Change:
     origin: str
 
 
-def _found(rows: list[tuple[Any, ...]]) -> tuple[Entry | None, Entry | None]:
-    """``_LOOKUP_AND_GET``'s rows: the entry found by name, the entry found by id."""
-    found: list[Entry | None] = [None, None]
+def _found(rows: list[tuple[Any, ...]]) -> tuple[Entry | None, Entry | None, Entry | None]:
+    """``_RENAME_READS``'s rows: the entry found by name, the one found by id, the one found
+    by the new name."""
+    found: list[Entry | None] = [None, None, None]
     for row in rows:
         found[row[0]] = Entry.from_row(row[1:])
-    return found[0], found[1]
+    return found[0], found[1], found[2]
 
 
 class PgRead(ReadTx):
@@ -237,9 +239,9 @@ class PgRead(ReadTx):
         row = self.q1(_LOOKUP, (parent, name))
         return Entry.from_row(row) if row else None
 
-    def lookup_and_get(self, parent: int, name: bytes, entry_id: int
-                       ) -> tuple[Entry | None, Entry | None]:
-        return _found(self.q(_LOOKUP_AND_GET, (parent, name, entry_id)))
+    def rename_reads(self, parent: int, name: bytes, new_parent: int, new_name: bytes
+                     ) -> tuple[Entry | None, Entry | None, Entry | None]:
+        return _found(self.q(_RENAME_READS, (parent, name, new_parent, new_parent, new_name)))
 
     def _steps(self, query: str, params: Sequence[Any]) -> Steps[list[tuple[Any, ...]]]:
         """A query as steps (``base.Steps``); here (a transaction's) waited for at once."""
@@ -250,9 +252,10 @@ class PgRead(ReadTx):
         rows = yield from self._steps(_LOOKUP, (parent, name))
         return Entry.from_row(rows[0]) if rows else None
 
-    def lookup_and_get_steps(self, parent: int, name: bytes, entry_id: int
-                             ) -> Steps[tuple[Entry | None, Entry | None]]:
-        return _found((yield from self._steps(_LOOKUP_AND_GET, (parent, name, entry_id))))
+    def rename_reads_steps(self, parent: int, name: bytes, new_parent: int, new_name: bytes
+                           ) -> Steps[tuple[Entry | None, Entry | None, Entry | None]]:
+        return _found((yield from self._steps(
+            _RENAME_READS, (parent, name, new_parent, new_parent, new_name))))
 
     def children(self, parent: int) -> list[Entry]:
         return self._entries(f"{_SEL} WHERE e.parent=%s ORDER BY e.id", (parent,))
@@ -466,22 +469,28 @@ class PgWrite(PgRead, WriteTx):
             self._changed(d, None, None)
 
     def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
-             **fields: Any) -> bool:
+             *, free: bool = False, **fields: Any) -> bool:
+        # (with ``free``, a name another transaction is taking is not seen: the unique index
+        # waits for it, then fails this statement if it committed, as a lookup first would)
         sets, vals = _sets(fields)
         sets = "parent=%s, name=%s" + (", " + sets if sets else "")
         # One round trip: the move, and the times of the directories where a name left and
         # arrived (a hidden row is no name). ``was`` is the row as the statement found it
         # (RETURNING shows the new values).
         now = time.time_ns()
+        taken = ("AND NOT EXISTS (SELECT 1 FROM entries t WHERE t.parent=%s AND t.name=%s "
+                 "AND t.id <> %s) " if free else "")
         rows = self.q(f"WITH m AS (UPDATE entries SET {sets} FROM entries was "
                       "WHERE was.id = entries.id AND entries.id=%s AND entries.parent=%s "
-                      "AND entries.name=%s RETURNING was.hidden AS was, entries.hidden AS now), "
+                      f"AND entries.name=%s {taken}"
+                      "RETURNING was.hidden AS was, entries.hidden AS now), "
                       + _stamping("SELECT d FROM m, unnest(ARRAY["
                                   "CASE WHEN m.was = 0 THEN %s::bigint END, "
                                   "CASE WHEN m.now = 0 THEN %s::bigint END]) AS d "
                                   "WHERE d IS NOT NULL") +
                       " SELECT was, now FROM m",
-                      [new_parent, new_name, *vals, entry_id, parent, name, now, now, parent,
+                      [new_parent, new_name, *vals, entry_id, parent, name,
+                       *((new_parent, new_name, entry_id) if free else ()), now, now, parent,
                        new_parent])
         if len(rows) != 1:
             return False

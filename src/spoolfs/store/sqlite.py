@@ -340,14 +340,18 @@ class SqliteWrite(SqliteRead, WriteTx):
         return None if row is None else bool(row[0])
 
     def move(self, entry_id: int, parent: int, name: bytes, new_parent: int, new_name: bytes,
-             **fields: Any) -> bool:
+             *, free: bool = False, **fields: Any) -> bool:
         sets, vals = _fields(fields)
         sets = f"parent=?, name=?{', ' + sets if sets else ''}"
         # whether it was hidden: what the update leaves, unless it changes that too
         was_hidden = self._hidden(entry_id) if "hidden" in fields else None
+        taken = (" AND NOT EXISTS (SELECT 1 FROM entries t WHERE t.parent=? AND t.name=? AND "
+                 "t.id<>?)" if free else "")
         rows = self.conn.execute(
-            f"UPDATE entries SET {sets} WHERE id=? AND parent=? AND name=? RETURNING hidden",
-            [new_parent, new_name, *vals, entry_id, parent, name]).fetchall()
+            f"UPDATE entries SET {sets} WHERE id=? AND parent=? AND name=?{taken} "
+            "RETURNING hidden", [new_parent, new_name, *vals, entry_id, parent, name,
+                                 *((new_parent, new_name, entry_id) if free else ())]
+        ).fetchall()
         if len(rows) != 1:
             return False
         if was_hidden is None:
