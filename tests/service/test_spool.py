@@ -885,13 +885,13 @@ async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
     store.close()
 
 
-async def test_a_claim_on_a_database_server_is_three_round_trips(
+async def test_a_claim_on_a_database_server_is_three_round_trips_and_a_publish_four(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
     """Each round trip is a wait on a server that may be on another machine, and a claim's
     rename holds the kernel's rename lock through all of them: its reads (the message, the
     directory it goes into, what has its name there), then its transaction, begun with the
     move (which takes the name only if it is still free: no lookup first), and the commit.
-    Counted in what libpq sends on every connection of the store (one wait per Query or
+    A publish takes and attaches its content in one more. Counted in what libpq sends on every connection of the store (one wait per Query or
     Sync; a prepare's Parse has a Sync of its own), once each statement is prepared. A name
     taken there is still replaced or refused as the rules say."""
     from spoolfs.store.postgres import PostgresStore
@@ -914,17 +914,24 @@ async def test_a_claim_on_a_database_server_is_three_round_trips(
             second = await upload(spool, q[State.PARTIAL], b"g", b"more")
             await spool.rename(q[State.PARTIAL], b"g", q[State.READY], b"g", 0, WHO)
             await spool.rename(q[State.READY], b"f", w1.id, b"f", 0, WHO)  # all prepared
-            start = os.path.getsize(trace.name)
-            await spool.rename(q[State.READY], b"g", w1.id, b"g", 0, WHO)
-            with open(trace.name) as f:
-                f.seek(start)
-                sent = f.read()
+
+            async def waits(request: Awaitable[Any]) -> int:
+                start = os.path.getsize(trace.name)
+                await request
+                with open(trace.name) as f:
+                    f.seek(start)
+                    sent = f.read()
+                sends = [line.split("\t")[2:4] for line in sent.splitlines()
+                         if line.startswith("F\t") and "spoolfs_prepare" not in line]
+                return sum(1 for s in sends if s[0].strip() in ("Query", "Sync")) - sum(
+                    1 for s in sends if s[0].strip() == "Parse" and not s[1].startswith(' ""'))
+            assert await waits(spool.rename(q[State.READY], b"g", w1.id, b"g", 0, WHO)) == 3
             assert spool.get(second).parent == w1.id
-            sends = [line.split("\t")[2:4] for line in sent.splitlines()
-                     if line.startswith("F\t") and "spoolfs_prepare" not in line]
-            waits = sum(1 for s in sends if s[0].strip() in ("Query", "Sync")) - sum(
-                1 for s in sends if s[0].strip() == "Parse" and not s[1].startswith(' ""'))
-            assert waits == 3, sent
+            # a publish: its reads, the move (with the begin), the content taken and
+            # attached, the commit
+            await upload(spool, q[State.PARTIAL], b"p", b"published")
+            assert await waits(spool.rename(q[State.PARTIAL], b"p", q[State.READY], b"p", 0,
+                                            WHO)) == 4
             # a name taken there: NOREPLACE refuses, a plain rename replaces (finished work)
             third = await upload(spool, q[State.PARTIAL], b"h", b"third")
             await spool.rename(q[State.PARTIAL], b"h", q[State.READY], b"h", 0, WHO)

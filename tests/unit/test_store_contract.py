@@ -128,6 +128,29 @@ def test_insert_unless_named_leaves_a_taken_name_alone(store: Store) -> None:
     assert [e.name for e in r.children(1) if e.is_message] == [b"shown", b"hidden", b"free"]
 
 
+def test_attach_blob_takes_the_content_and_points_the_entry_at_it(store: Store) -> None:
+    """A published upload's content: a new blob row with one reference, or one more on the
+    row of the same content, and the entry pointed at it (no longer staged, its size and
+    time), in one statement on a database server; the change is seen by other hosts."""
+    a = one(store, lambda tx: msg(tx, 1, b"a", staged=1))
+    b = one(store, lambda tx: msg(tx, 1, b"b", staged=1))
+    sha = b"\7" * 32
+    start = store.last_change() if hasattr(store, "last_change") else None
+    bid, new = one(store, lambda tx: tx.attach_blob(a.id, sha, 5, None, 111))
+    assert new
+    assert one(store, lambda tx: tx.attach_blob(b.id, sha, 5, None, 222)) == (bid, False)
+    r = store.reader()
+    for e, mtime in ((a, 111), (b, 222)):
+        got = r.get(e.id)
+        assert got is not None
+        assert (got.blob, got.staged, got.size, got.mtime_ns, got.refs) == (
+            bid, False, 5, mtime, 2)
+    blob = r.blob(bid)
+    assert blob is not None and (blob.sha256, blob.size, blob.refcount) == (sha, 5, 2)
+    if start is not None:
+        assert b.id in [c.entry_id for c in store.changes_since(start)]  # type: ignore[attr-defined]
+
+
 def test_move_is_compare_and_set(store: Store) -> None:
     e = one(store, lambda tx: msg(tx, 1, b"a"))
     assert one(store, lambda tx: tx.move(e.id, 1, b"a", 1, b"b", state=State.WORKING))

@@ -497,12 +497,12 @@ class Content:
         object stored for it that another row's identical content makes unneeded is an
         orphan: gc removes it after its grace period.)"""
         data = sealed.data if sealed.blob_id is None else None
-        bid, new = tx.blob_take(sealed.sha256, sealed.size, data, blob_id=sealed.blob_id)
+        bid, new = tx.attach_blob(entry_id, sealed.sha256, sealed.size, data, sealed.mtime_ns,
+                                  blob_id=sealed.blob_id)
         if new and sealed.blob_id is None and sealed.data is None:
             if self.blobs.remote:  # (raised in the transaction: the new row goes with it)
                 raise StoreFailure("content for a remote blob store was not stored first")
             self.blobs.place(sealed.staging_path, sealed.sha256, bid)
-        tx.update(entry_id, blob=bid, staged=0, size=sealed.size, mtime_ns=sealed.mtime_ns)
 
     def release(self, tx: WriteTx, entry: Entry, cleanup: list[tuple[str, object]]) -> None:
         """In a transaction: drop a message's hold on its content. Files are removed by

@@ -349,6 +349,15 @@ class WriteTx(ReadTx):
             return blob.id, False
         return self.blob_insert(sha256, size, data, blob_id=blob_id, refs=1), True
 
+    def attach_blob(self, entry_id: int, sha256: bytes, size: int, data: bytes | None,
+                    mtime_ns: int, blob_id: int | None = None) -> tuple[int, bool]:
+        """``blob_take``, and the entry pointed at that blob (its ``size``, ``mtime_ns``;
+        no longer staged): a published upload's content attached. The blob's id, and
+        whether its row is new. A database server's engine does both in one statement."""
+        bid, new = self.blob_take(sha256, size, data, blob_id=blob_id)
+        self.update(entry_id, blob=bid, staged=0, size=size, mtime_ns=mtime_ns)
+        return bid, new
+
     @abc.abstractmethod
     def blob_delete(self, blob_id: int) -> None: ...
 

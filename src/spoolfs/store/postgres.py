@@ -113,6 +113,16 @@ _RENAME_READS = (f"SELECT 0, {_ROW} WHERE e.parent=%s AND e.name=%s UNION ALL "
 _LISTED = (f"SELECT {', '.join(f'e.{c}' for c in LISTED_COLUMNS)}, b.refcount "
            "FROM entries e LEFT JOIN blobs b ON b.id = e.blob")
 _BLOB = "SELECT id, sha256, size, refcount, data FROM blobs"
+#: one more reference on the blob of this content, or a new row for it (``n``: its id):
+#: one round trip, and no lost race. A row of the same content another host has inserted,
+#: not yet committed, is waited for, then shared (a lookup then an insert failed on the
+#: unique content). The new row's id is drawn first, so that the row returned tells
+#: whether it is this one.
+_TAKE = ("WITH n AS (SELECT COALESCE(%s::bigint, "
+         "nextval(pg_get_serial_sequence('blobs', 'id'))) AS id), "
+         "b AS (INSERT INTO blobs (id, sha256, size, refcount, data) "
+         "SELECT n.id, %s::bytea, %s::bigint, 1, %s::bytea FROM n "
+         "ON CONFLICT (sha256) DO UPDATE SET refcount = blobs.refcount + 1 RETURNING id)")
 #: errors that mean another transaction was in the way, not that the function is wrong
 _LOST = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
@@ -592,18 +602,22 @@ class PgWrite(PgRead, WriteTx):
 
     def blob_take(self, sha256: bytes, size: int, data: bytes | None,
                   blob_id: int | None = None) -> tuple[int, bool]:
-        # One round trip, and no lost race: a row of the same content another host has
-        # inserted, not yet committed, is waited for, then shared (a lookup then an insert
-        # failed on the unique content). The new row's id is drawn first, so that the row
-        # returned tells whether it is this one.
-        row = self.q1("WITH n AS (SELECT COALESCE(%s::bigint, "
-                      "nextval(pg_get_serial_sequence('blobs', 'id'))) AS id), "
-                      "b AS (INSERT INTO blobs (id, sha256, size, refcount, data) "
-                      "SELECT n.id, %s::bytea, %s::bigint, 1, %s::bytea FROM n "
-                      "ON CONFLICT (sha256) DO UPDATE SET refcount = blobs.refcount + 1 "
-                      "RETURNING id) "
-                      "SELECT b.id, b.id = n.id FROM b, n", (blob_id, sha256, size, data))
+        row = self.q1(f"{_TAKE} SELECT b.id, b.id = n.id FROM b, n",
+                      (blob_id, sha256, size, data))
         assert row is not None
+        return int(row[0]), bool(row[1])
+
+    def attach_blob(self, entry_id: int, sha256: bytes, size: int, data: bytes | None,
+                    mtime_ns: int, blob_id: int | None = None) -> tuple[int, bool]:
+        row = self.q1(f"{_TAKE}, u AS (UPDATE entries SET blob = b.id, staged = 0, "
+                      "size = %s, mtime_ns = %s FROM b WHERE entries.id = %s "
+                      "RETURNING entries.parent, entries.name) "
+                      "SELECT b.id, b.id = n.id, u.parent, u.name FROM b CROSS JOIN n "
+                      "LEFT JOIN u ON true",
+                      (blob_id, sha256, size, data, size, mtime_ns, entry_id))
+        assert row is not None
+        if row[2] is not None:
+            self._changed(entry_id, row[2], bytes(row[3]))
         return int(row[0]), bool(row[1])
 
     def blob_delete(self, blob_id: int) -> None:
