@@ -235,7 +235,8 @@ async def _main(spool: Spool, recovered: Recovered, on_ready: Callable[[], None]
             tasks.append(spool.staging_pool.run)
         if isinstance(spool.store, ChangeFeed):  # other hosts' changes, seen here
             follower = Follower(spool.store, lambda p, n: spool.on_gone(p, n),
-                                spool.changed_elsewhere, trio.CapacityLimiter(1))
+                                spool.changed_elsewhere, trio.CapacityLimiter(1),
+                                spool.left_names)
             tasks.append(follower.run)
         nursery.start_soon(_run_in, timers, *tasks)
         swept, stop_sweep = trio.Event(), threading.Event()

@@ -170,6 +170,8 @@ class Operations(pyfuse3.Operations):
         """The lifecycle moved or purged ``parent/name``, or a transaction made it unasked (a
         publish's fan-out, ``moves.UNASKED``): the kernel must not keep the name."""
         self._dropped += 1
+        if self.spool.left_names is not None:
+            self.spool.left_names.made(parent, name)  # (or went: asked again, to be sure)
         pyfuse3.invalidate_entry_async(self._ino(parent), name, ignore_enoent=True)
 
     # ---- inode mapping and attributes ---------------------------------------------------
@@ -323,6 +325,8 @@ class Operations(pyfuse3.Operations):
         elif name == b"..":
             e = self.spool.get(pid)
             e = self.spool.get(e.parent if e.parent is not None and pid != self.root_id else pid)
+        elif self.spool.left_names is not None and (pid, name) in self.spool.left_names:
+            return self._absent()  # seen to leave, not made since: no round trip
         else:
             dropped = self._dropped
             entry = await self.spool.find(pid, name, self._who(ctx))

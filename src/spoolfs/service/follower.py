@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import trio
 
 from spoolfs.core.errors import SpoolError
+from spoolfs.service.left_names import LeftNames
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,14 @@ def places(change: Any) -> list[tuple[int, bytes]]:
 class Follower:
     def __init__(self, feed: ChangeFeed, on_gone: Callable[[int, bytes], None],
                  on_stale: Callable[[list[int]], None],
-                 limiter: trio.CapacityLimiter | None = None) -> None:
+                 limiter: trio.CapacityLimiter | None = None,
+                 left_names: LeftNames | None = None) -> None:
         self.feed = feed
         self.on_gone = on_gone
         self.on_stale = on_stale
         self.limiter = limiter
+        #: told of the names other hosts' changes free and take, after the kernel is
+        self.left_names = left_names
         self.seq: int | None = None
         self.seen = 0  # changes of other daemons applied here
 
@@ -96,14 +100,19 @@ class Follower:
                 return n
             gone: list[tuple[int, bytes]] = []
             stale: list[int] = []
+            others = []
             for ch in batch:
                 self.seq = max(self.seq, int(ch.seq))
                 if ch.origin == self.feed.origin:
                     continue  # this daemon's own: the kernel was told as it happened
+                others.append(ch)
                 gone.extend(places(ch))
                 stale.append(int(ch.entry_id))
             for parent, name in dict.fromkeys(gone):
                 self.on_gone(parent, name)
+            if self.left_names is not None:
+                self.left_names.changes((int(ch.entry_id), ch.parent, ch.name, ch.old_parent,
+                                         ch.old_name) for ch in others)
             if stale:
                 self.on_stale(list(dict.fromkeys(stale)))
             n += len(stale)

@@ -30,6 +30,7 @@ from spoolfs.service.batches import MEMBER, is_batch, is_dir
 from spoolfs.service.committer import Committer
 from spoolfs.service.content import INLINE_MAX, Content, Handle
 from spoolfs.service.guard import DiskGuard
+from spoolfs.service.left_names import LeftNames
 from spoolfs.service.moves import DAEMON, apply
 from spoolfs.service.policies import Policies
 from spoolfs.service.roles import Caller
@@ -138,6 +139,11 @@ class SpoolCore:
         #: where uploads' writes run: on the loop, or in threads while the disk lags
         self.write_pace = WritePace()
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
+        #: names seen to leave and not made since, on a shared store (service/left_names.py)
+        self.left_names: LeftNames | None = None
+        if store.shared:
+            self.left_names = LeftNames()
+            store.on_commit = self.left_names.changes
         #: uploads whose writer did not finish (killed, exited non-zero) -> why: never published
         self._unfinished: dict[int, str] = {}
         #: called with (parent, name) when the lifecycle moves or purges a message, so that the

@@ -96,6 +96,8 @@ class Uploads(Publishing):
             raise
         if pooled is None:
             self.staging_pool.used(e.id)
+        if self.left_names is not None:  # (an unpublished upload's row is in no change log)
+            self.left_names.made(d.id, name)
         h = self._open_handle(e, writable=True, who=who, h=made[-1])
         if not setid_bits(e.mode):
             # the mode it was made with, as a read of the row would give it: read again only

@@ -383,6 +383,11 @@ class Store(abc.ABC):
     deferred_sync: bool = False
     #: several hosts share the store: each host's recovery judges only its own files
     shared: bool = False
+    #: told of each batch's changes as the change log has them (entry, parent, name, old
+    #: parent, old name), in order, once it committed (True) or failed at a point where it
+    #: may have (False); called in the committing thread (an engine with a change log)
+    on_commit: Callable[[list[tuple[int, int | None, bytes | None, int | None,
+                                    bytes | None]], bool], None] | None = None
 
     @abc.abstractmethod
     def reader(self) -> ReadTx:

@@ -940,13 +940,18 @@ class PostgresStore(Store):
              fns: Sequence[Callable[[WriteTx], Any]]) -> list[tuple[bool, Any]]:
         """The batch, in the transaction ``statements`` begins on ``conn``."""
         results: list[tuple[bool, Any]] = []
+        tx = PgWrite(_runner(statements))
         try:
-            tx = PgWrite(_runner(statements))
             for i, fn in enumerate(fns):
                 if i:
                     statements.ahead(b"RELEASE op", b"SAVEPOINT op")
                 results.append(self._one(statements, tx, fn))
-            self._commit(conn, statements, tx)
+            try:
+                self._commit(conn, statements, tx)
+            except BaseException:
+                if self.on_commit is not None and tx.changed:
+                    self.on_commit(tx.changed, False)
+                raise
         except psycopg.Error as e:
             if not statements.answered and conn.broken:
                 raise _FirstTripFailed() from e
@@ -956,6 +961,8 @@ class PostgresStore(Store):
         except BaseException:
             _rollback(conn)
             raise
+        if self.on_commit is not None and tx.changed:
+            self.on_commit(tx.changed, True)
         return results
 
     def _one(self, statements: Statements, tx: PgWrite, fn: Callable[[WriteTx], Any]
