@@ -67,7 +67,7 @@ class _Host:
         self.spool.r._steps = counting_steps  # type: ignore[attr-defined]
 
     async def lookup(self, parent: int, name: bytes) -> int:
-        """The inode the kernel gets (0: absent), and whether the store was read."""
+        """The inode the kernel gets (0: absent); what the store was asked is in ``reads``."""
         self.reads.clear()
         attr = await self.ops.lookup(parent, name, Ctx())
         return int(attr.st_ino)

@@ -63,7 +63,7 @@ class Follower:
         self.on_gone = on_gone
         self.on_stale = on_stale
         self.limiter = limiter
-        #: told of the names other hosts' changes free and take, after the kernel is
+        #: told of the names other hosts' changes free and take, once the kernel is told
         self.left_names = left_names
         self.seq: int | None = None
         self.seen = 0  # changes of other daemons applied here

@@ -136,8 +136,6 @@ class Statements:
         #: commands without rows (``BEGIN``, ``SAVEPOINT op``) that go to the server with the
         #: next statement, in the same round trip (``ahead``)
         self.pending: list[bytes] = []
-        #: whether anything went to the server and came back (a connection that breaks
-        #: before has done nothing there)
         self.pgconn = conn.pgconn
         self._encoding = conn.info.encoding
         conn.prepare_threshold = None  # (see above: never DEALLOCATE ALL; the engine's
@@ -146,6 +144,8 @@ class Statements:
         self._prepared = _PREPARED.setdefault(conn, _Prepared())
         self._names = self._prepared.names
         self._cursor: psycopg.Cursor[Any] | None = None
+        #: whether anything went to the server and came back (a connection that breaks
+        #: before has done nothing there)
         self.answered = False
 
     def run(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
