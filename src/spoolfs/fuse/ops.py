@@ -325,8 +325,6 @@ class Operations(pyfuse3.Operations):
         elif name == b"..":
             e = self.spool.get(pid)
             e = self.spool.get(e.parent if e.parent is not None and pid != self.root_id else pid)
-        elif self.spool.left_names is not None and (pid, name) in self.spool.left_names:
-            return self._absent()  # seen to leave, not made since: no round trip
         else:
             dropped = self._dropped
             entry = await self.spool.find(pid, name, self._who(ctx))

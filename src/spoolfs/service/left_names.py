@@ -15,12 +15,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from spoolfs.store.base import ChangeRow
+
 #: names remembered at most (the oldest forgotten first): about 150 bytes each
 LIMIT = 50_000
-
-#: a change as the store logs it: entry, parent, name, old parent, old name (None where a
-#: change has no place: a directory's times, a row that was not a name)
-Change = tuple[int, int | None, bytes | None, int | None, bytes | None]
 
 
 class LeftNames:
@@ -41,7 +39,7 @@ class LeftNames:
         """The name may exist now."""
         self._left.pop((parent, bytes(name)), None)
 
-    def changes(self, changes: Iterable[Change], committed: bool = True) -> None:
+    def changes(self, changes: Iterable[ChangeRow], committed: bool = True) -> None:
         """A transaction's changes, in order: where an entry was is free, where it is now is
         taken. Not ``committed`` (its outcome unknown): every name it touched may exist."""
         for _entry, parent, name, old_parent, old_name in changes:

@@ -231,9 +231,11 @@ class SpoolCore:
         None) when an unpublished upload holds the name, which may appear at any close. An
         NFS server finds the uploads it writes itself (it looks up what it just created).
         On a database server far enough away, the loop answers other requests meanwhile
-        (``steps``)."""
+        (``steps``); a name this daemon saw leave is None with no read (``left_names``)."""
         if len(name) > 255:
             check_message_name(name)
+        if self.left_names is not None and (parent, name) in self.left_names:
+            return None
         e = await waited(self.r.lookup_steps(parent, name))
         if e is not None and e.hidden and not (who is not None and who.nfs
                                                and self.nfs_writes(e.id)):

@@ -26,6 +26,10 @@ Steps = Generator[tuple[int, int], int, T]
 WAIT_R = 1
 WAIT_W = 2
 
+#: a change as a shared store logs it: entry, parent, name, old parent, old name (None where
+#: a change has no place: a directory's times, a row that was not a name)
+ChangeRow = tuple[int, int | None, bytes | None, int | None, bytes | None]
+
 ENTRY_COLUMNS = (
     "id", "parent", "name", "kind", "queue", "state", "hidden", "blob", "staged", "size",
     "mode", "uid", "gid", "mtime_ns", "ctime_ns", "created_ns", "enqueued_ns", "claimed_ns",
@@ -386,8 +390,7 @@ class Store(abc.ABC):
     #: told of each batch's changes as the change log has them (entry, parent, name, old
     #: parent, old name), in order, once it committed (True) or failed at a point where it
     #: may have (False); called in the committing thread (an engine with a change log)
-    on_commit: Callable[[list[tuple[int, int | None, bytes | None, int | None,
-                                    bytes | None]], bool], None] | None = None
+    on_commit: Callable[[list[ChangeRow], bool], None] | None = None
 
     @abc.abstractmethod
     def reader(self) -> ReadTx:

@@ -45,6 +45,7 @@ from spoolfs.store.base import (
     ENTRY_COLUMNS,
     LISTED_COLUMNS,
     Blob,
+    ChangeRow,
     Entry,
     ReadTx,
     Steps,
@@ -408,7 +409,7 @@ class PgWrite(PgRead, WriteTx):
 
     def __init__(self, run: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]) -> None:
         super().__init__(run)
-        self.changed: list[tuple[int, int | None, bytes | None, int | None, bytes | None]] = []
+        self.changed: list[ChangeRow] = []
         #: history rows, written with the change rows in the commit's statement (nothing in a
         #: transaction reads them back); an entry's ``drop_history`` as ``(entry, None, ...)``.
         #: Both lists only grow, so a function's savepoint is a length of each.
@@ -1009,10 +1010,10 @@ class PostgresStore(Store):
         calls the session's function (pg_schema.COMMIT_FUNCTION) where it was made, and
         says it all where not."""
         history = tx.history_rows()
-        if not statements.answered and not history:
-            statements.pending.clear()  # nothing sent: no transaction to end
-            return
-        if statements.pending and not statements.answered:
+        if not statements.answered:  # nothing sent yet
+            if not history:
+                statements.pending.clear()  # no transaction to end
+                return
             statements.send_pending()  # history alone (no function of the engine makes it)
         statements.pending.clear()  # a savepoint nothing followed: the commit ends them
         if not tx.changed and not history:
