@@ -96,9 +96,12 @@ def test_two_hosts_one_database(mounter: MountFactory, pg_url: str, blobs_at: st
     won = Counter(n for c in consumers for n in claims[c])
     assert sorted(won) == names and set(won.values()) == {1}, "each claimed exactly once"
 
-    # all content in the blob store, none in the database
+    # the small files' content in the database, the two larger ones in the blob store
     s3 = request.getfixturevalue("s3_server") if blobs.startswith("s3://") else None
-    assert stored_objects(blobs, s3) == len(names) + 2
+    assert stored_objects(blobs, s3) == 2
+    with psycopg.connect(pg_url) as conn:
+        inline = conn.execute("SELECT data FROM blobs WHERE data IS NOT NULL").fetchall()
+    assert sorted(bytes(d) for d, in inline) == sorted(n.encode() * 100 for n in names)
     a.umount()
     b.umount()
     fsck_clean(pg_url)

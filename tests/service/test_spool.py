@@ -885,27 +885,53 @@ async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
     store.close()
 
 
+class RoundTrips:
+    """What libpq sends on every connection of a store, in a trace file: one wait for the
+    server per Query or Sync (a prepare's Parse has a Sync of its own)."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        from spoolfs.store.postgres import PostgresStore
+        self.trace = open(tmp_path / "trace", "w")  # noqa: SIM115 (closed by close)
+        configure, connect = PostgresStore._configure, PostgresStore.connect
+        fd = self.trace.fileno()
+
+        def traced(conn: Any) -> Any:
+            conn.pgconn.trace(fd)
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            return conn
+        monkeypatch.setattr(PostgresStore, "_configure",
+                            staticmethod(lambda conn: traced(conn) and configure(conn)))
+        monkeypatch.setattr(PostgresStore, "connect",
+                            lambda self, autocommit=False: traced(connect(self, autocommit)))
+
+    async def of(self, request: Awaitable[Any]) -> int:
+        """The round trips ``request`` waits for, once each statement is prepared."""
+        start = os.path.getsize(self.trace.name)
+        await request
+        with open(self.trace.name) as f:
+            f.seek(start)
+            sent = f.read()
+        sends = [line.split("\t")[2:4] for line in sent.splitlines()
+                 if line.startswith("F\t") and "spoolfs_prepare" not in line]
+        return sum(1 for s in sends if s[0].strip() in ("Query", "Sync")) - sum(
+            1 for s in sends if s[0].strip() == "Parse" and not s[1].startswith(' ""'))
+
+    def close(self) -> None:
+        self.trace.close()
+
+
 async def test_a_claim_on_a_database_server_is_three_round_trips_and_a_publish_four(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
     """Each round trip is a wait on a server that may be on another machine, and a claim's
     rename holds the kernel's rename lock through all of them: its reads (the message, the
     directory it goes into, what has its name there), then its transaction, begun with the
     move (which takes the name only if it is still free: no lookup first), and the commit.
-    A publish takes and attaches its content in one more. Counted in what libpq sends on every connection of the store (one wait per Query or
-    Sync; a prepare's Parse has a Sync of its own), once each statement is prepared. A name
-    taken there is still replaced or refused as the rules say."""
+    A publish takes and attaches its content in one more. Counted in what libpq sends on
+    every connection of the store, once each statement is prepared. A name taken there is
+    still replaced or refused as the rules say."""
     from spoolfs.store.postgres import PostgresStore
-    trace = open(tmp_path / "trace", "w")  # noqa: SIM115 (closed below)
-    configure, connect = PostgresStore._configure, PostgresStore.connect
-
-    def traced(conn: Any) -> Any:
-        conn.pgconn.trace(trace.fileno())
-        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-        return conn
-    monkeypatch.setattr(PostgresStore, "_configure",
-                        staticmethod(lambda conn: traced(conn) and configure(conn)))
-    monkeypatch.setattr(PostgresStore, "connect",
-                        lambda self, autocommit=False: traced(connect(self, autocommit)))
+    trips = RoundTrips(tmp_path, monkeypatch)
+    waits = trips.of
     store = PostgresStore(pg_url, pool_max=1)
     spool = Spool(store, str(tmp_path))
     try:
@@ -914,17 +940,6 @@ async def test_a_claim_on_a_database_server_is_three_round_trips_and_a_publish_f
             second = await upload(spool, q[State.PARTIAL], b"g", b"more")
             await spool.rename(q[State.PARTIAL], b"g", q[State.READY], b"g", 0, WHO)
             await spool.rename(q[State.READY], b"f", w1.id, b"f", 0, WHO)  # all prepared
-
-            async def waits(request: Awaitable[Any]) -> int:
-                start = os.path.getsize(trace.name)
-                await request
-                with open(trace.name) as f:
-                    f.seek(start)
-                    sent = f.read()
-                sends = [line.split("\t")[2:4] for line in sent.splitlines()
-                         if line.startswith("F\t") and "spoolfs_prepare" not in line]
-                return sum(1 for s in sends if s[0].strip() in ("Query", "Sync")) - sum(
-                    1 for s in sends if s[0].strip() == "Parse" and not s[1].startswith(' ""'))
             assert await waits(spool.rename(q[State.READY], b"g", w1.id, b"g", 0, WHO)) == 3
             assert spool.get(second).parent == w1.id
             # a publish: its reads, the move (with the begin), the content taken and
@@ -945,7 +960,64 @@ async def test_a_claim_on_a_database_server_is_three_round_trips_and_a_publish_f
                 spool.get(second)
     finally:
         store.close()
-        trace.close()
+        trips.close()
+
+
+@pytest.mark.parametrize("blobs", ["dir", "s3"])
+async def test_a_shared_store_keeps_small_content_in_its_database(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str, blobs: str,
+        request: pytest.FixtureRequest) -> None:
+    """Content of at most ``INLINE_MAX`` bytes goes into its blob row in the transaction
+    that publishes it, on a store shared by several hosts too: no object stored first (an
+    upload to S3, or a file placed and synced in a shared directory), no reads or id
+    reserved for one, and nothing to fetch on another host before reading it. A publish
+    is then four round trips, as with the embedded store's layout. Larger content is still
+    stored in the blob store first, under an id reserved for it."""
+    from spoolfs.blobs.s3 import S3Blobs
+    from spoolfs.store.postgres import PostgresStore
+    trips = RoundTrips(tmp_path, monkeypatch)
+    store = PostgresStore(pg_url, pool_max=1)
+    if blobs == "s3":
+        bucket = request.getfixturevalue("s3_url")
+        where: Any = S3Blobs(bucket, str(tmp_path / "cache"))
+    else:
+        where = BlobDir(str(tmp_path / "blobs"), remote=True)
+    stored: list[bytes] = []
+    put = where.upload
+    monkeypatch.setattr(where, "upload", lambda src, sha, bid: (stored.append(sha),
+                                                              put(src, sha, bid))[1])
+    place = Place(pg_url, where, StagingDir(str(tmp_path / "staging")), str(tmp_path), False,
+                  bucket if blobs == "s3" else str(tmp_path / "blobs"))
+    spool = Spool(store, place)
+    small, large = b"s" * INLINE_MAX, os.urandom(INLINE_MAX + 1)
+    try:
+        async with published(spool, b"bytes") as (q, mid):
+            await upload(spool, q[State.PARTIAL], b"warm", b"warm")  # statements prepared
+            await spool.rename(q[State.PARTIAL], b"warm", q[State.READY], b"warm", 0, WHO)
+            stored.clear()
+            sid = await upload(spool, q[State.PARTIAL], b"small", small)
+            assert await trips.of(spool.rename(q[State.PARTIAL], b"small", q[State.READY],
+                                               b"small", 0, WHO)) == 4
+            assert stored == []
+            blob = spool.r.blob(spool.get(sid).blob)  # type: ignore[arg-type]
+            assert blob is not None and blob.data == small
+            lid = await upload(spool, q[State.PARTIAL], b"large", large)
+            await spool.rename(q[State.PARTIAL], b"large", q[State.READY], b"large", 0, WHO)
+            assert stored == [hashlib.sha256(large).digest()]
+            blob = spool.r.blob(spool.get(lid).blob)  # type: ignore[arg-type]
+            assert blob is not None and blob.data is None
+            for name, data in ((b"small", small), (b"large", large)):
+                e = await spool.find(q[State.READY], name, WHO)
+                assert e is not None
+                h = await spool.open(e.id, False, False, WHO)
+                try:
+                    assert h.read(0, len(data) + 1) == data
+                finally:
+                    await spool.close(h, WHO)
+    finally:
+        spool.committer.close()
+        store.close()
+        trips.close()
 
 
 async def test_a_staging_directory_whose_clock_cannot_be_read_leaves_leftovers_to_gc(

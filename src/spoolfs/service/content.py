@@ -283,8 +283,8 @@ class Content:
         self.blobs = blobs
         self.staging = staging
         self.local_uploads = local_uploads
-        #: content up to this size lives in the metadata store (the embedded one); a store
-        #: shared by several hosts keeps all content in its blob store (0)
+        #: content up to this size lives in the metadata store, in the transaction that
+        #: publishes it (a shared store's too: no object stored first, none fetched to read)
         self.inline_max = inline_max
         #: uploads written here since made, by id, each with its content hashed so far (an
         #: OrderedDict: the oldest leaves in one call, whatever a worker thread does meanwhile)

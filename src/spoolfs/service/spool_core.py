@@ -113,8 +113,7 @@ class SpoolCore:
         self.r: ReadTx = store.reader()
         self.place = where if isinstance(where, Place) else embedded(where)
         self.store_dir = self.place.local  # this host's part: the disk the guard watches
-        self.content = Content(self.place.blobs, self.place.staging,
-                               INLINE_MAX if self.place.embedded else 0,
+        self.content = Content(self.place.blobs, self.place.staging, INLINE_MAX,
                                local_uploads=not self.place.embedded)
         #: writers of an upload through other daemons of the store, as a seal must know them
         self.writer_locks = WriterLocks(self.place.staging)

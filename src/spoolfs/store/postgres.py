@@ -582,8 +582,8 @@ class PgWrite(PgRead, WriteTx):
     def blob_insert(self, sha256: bytes, size: int, data: bytes | None,
                     blob_id: int | None = None, refs: int = 0) -> int:
         """A new blob row; ``blob_id`` one from ``reserve_blob_id`` (content stored under
-        that id before this transaction). The service sends no inline ``data`` to this
-        engine: content lives in the blob store."""
+        that id before this transaction), or ``data``: content small enough to live in
+        the row."""
         if blob_id is None:
             row = self.q1("INSERT INTO blobs (sha256, size, refcount, data) "
                           "VALUES (%s, %s, %s, %s) RETURNING id", (sha256, size, refs, data))
