@@ -215,6 +215,36 @@ async def test_an_upload_reads_its_row_once_per_step(env: tuple[Spool, Q]) -> No
     assert content(spool, e.id) == b"data"
 
 
+async def test_closing_an_upload_in_partial_reads_none_of_its_row(env: tuple[Spool, Q]) -> None:
+    """``cp x partial/``, as fuse/ops.py drives it: its flush and its release read none of
+    the upload's row (each read is a query, a round trip on a database server). Only a
+    rename into ``ready/`` while it is written leaves its publish to its writer's close, and
+    such a rename, through this daemon or another of the store's, marks its staging file
+    first; an upload made hidden here is known so."""
+    spool, q = env
+    with entries_read() as read:
+        e, h = await spool.create(q[State.PARTIAL], b"x", 0o644, WHO)
+        if h.checks_setid:
+            await spool.drop_setid(h)
+        spool.write(h, 0, b"data")
+        made = read[0]
+        assert spool.pending_upload(h) is None
+        await spool.close(h, WHO)
+    assert read[0] == made, f"{read[0] - made} rows read at the close"
+    assert spool.lookup(q[State.PARTIAL], b"x").id == e.id
+    # a rename into ready/ while it is written: its close publishes it
+    e, h = await spool.create(q[State.PARTIAL], b"y", 0o644, WHO)
+    spool.write(h, 0, b"data")
+    assert await spool.rename(q[State.PARTIAL], b"y", q[State.READY], b"y", 0, WHO)
+    pending = spool.pending_upload(h)
+    assert pending is not None and pending.id == e.id
+    await spool.publish_at_close(h, WHO, None, pending)
+    await spool.close(h, WHO)
+    got = spool.lookup(q[State.READY], b"y")
+    assert (got.id, got.hidden, got.staged) == (e.id, False, False)
+    assert content(spool, e.id) == b"data"
+
+
 async def test_a_publish_at_close_frees_nothing_the_writer_still_holds(
         env: tuple[Spool, Q], monkeypatch: pytest.MonkeyPatch) -> None:
     """An upload of a few blocks inlined at its publish (``cp`` of an 8 KiB message into

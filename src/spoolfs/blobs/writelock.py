@@ -15,6 +15,12 @@ killed daemon's go with its descriptors):
 
 Nothing blocks: each call answers at once (the caller waits, polling, on its event loop).
 A file system without such locks (``supported``) leaves each daemon to its own writers.
+
+A rename into ``ready/`` while writers hold the upload leaves its publish to them (it is
+hidden until the last closes), and marks the staging file so (``leave_to_writers``) before
+its transaction commits. A writer whose share is let go finds no mark (``left_to_writers``)
+unless such a rename may have happened: it then has no need to read the upload's row. A
+rename that hides it after the writer let go finds the lock free, and publishes it itself.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import struct
 import tempfile
 
@@ -54,6 +61,41 @@ def take(fd: int) -> bool:
 
 def let_go(fd: int) -> None:
     _lock(fd, fcntl.F_UNLCK)
+
+
+#: The mark of an upload whose publish a rename left to its writers: group read, which no
+#: write clears and which gives nothing away in the staging directory (its owner's alone).
+LEFT = stat.S_IRGRP
+
+
+def leave_to_writers(path: str) -> None:
+    """Mark the upload staged at ``path``: its publish is left to its writers (OSError: it
+    could not be marked)."""
+    mode = os.stat(path).st_mode
+    if not mode & LEFT:
+        os.chmod(path, stat.S_IMODE(mode) | LEFT)
+
+
+def left_to_writers(fd: int) -> bool:
+    """Whether the staging file open on ``fd`` was marked by ``leave_to_writers``."""
+    return bool(os.fstat(fd).st_mode & LEFT)
+
+
+def keeps_left_marks(directory: str) -> bool:
+    """Whether files in ``directory`` keep the mark once it is set (where one would not, a
+    writer must read the upload's row)."""
+    try:
+        fd, path = tempfile.mkstemp(dir=directory, prefix=".left-")
+    except OSError:
+        return False
+    try:
+        leave_to_writers(path)
+        return left_to_writers(fd)
+    except OSError:
+        return False
+    finally:
+        os.unlink(path)
+        os.close(fd)
 
 
 def supported(directory: str) -> bool:

@@ -71,6 +71,8 @@ class Moving(Uploads):
                 raise NotPermitted("a file of the batch is still open for writing through "
                                    "another mount")
             taken, defer, seals = [], True, False  # it appears when that writer closes
+        if defer:  # its writers' last close publishes it: they find it marked so
+            self.writer_locks.leave(src.id)
         try:
             with self._sealing_of(src) if seals else nullcontext():
                 deferred = await self._rename_message(src, d, action, defer, parent, name,

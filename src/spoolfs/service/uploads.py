@@ -164,6 +164,8 @@ class Uploads(Publishing):
                     held, shares = shares, False
                     await self._stopped_writing(e.id, who, held)
                     e = self.get(e.id)
+            if writable and e.hidden:  # its publish is left to its writers: this one too
+                self.writer_locks.leave(e.id)
             h = await self._opened(e, writable, blob)
         except BaseException:
             await self._stopped_writing(e.id, who, shares, counted)
@@ -279,6 +281,8 @@ class Uploads(Publishing):
         """The upload into ``ready/`` that ``h`` writes, if it has not appeared yet."""
         if not h.writable or h.done:
             return None
+        if not (h.private or h.nfs or self.writer_locks.may_be_left(h.fd)):
+            return None  # in partial/ still: no rename left its publish to its writers
         e = self.r.get(h.entry_id)
         return e if e is not None and e.hidden else None
 
@@ -338,21 +342,23 @@ class Uploads(Publishing):
             self._open.pop(h.lease_id, None)
             if not h.writable:  # (a writable handle is an upload's: never claimed, no lease)
                 await self._lease_from_now(h.lease_id, seen=h.lease_seen)
-        if h.writable:
-            await self._writer_gone(h.entry_id, who, h.done, h.private)
+        if h.writable:  # (its share let go: a rename after this look publishes it itself)
+            await self._writer_gone(h.entry_id, who, h.done, h.private,
+                                    left=h.private or self.writer_locks.may_be_left(h.fd))
 
     async def _writer_gone(self, entry_id: int, who: Who, done: bool = False,
-                           private: bool = False) -> None:
+                           private: bool = False, left: bool = True) -> None:
         """A writer here writes the upload no more (closed, or its opening failed). The last
         publishes it if a publish was left to it (hidden), unless ``done`` (published at its
-        close already)."""
+        close already). ``left``: a rename may have left it its publish (False: none did,
+        and the row needs no look)."""
         n = self._writers.get(entry_id, 1) - 1
         if n > 0:
             self._writers[entry_id] = n
             return
         self._writers.pop(entry_id, None)
         try:
-            if done:  # published at the close (FLUSH) already: nothing to read
+            if done or not left:  # published at the close (FLUSH) already, or never hidden
                 return
             e = self.r.get(entry_id)
             if e is not None and e.hidden:

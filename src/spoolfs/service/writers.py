@@ -4,6 +4,10 @@ seals it. One descriptor per upload, made by the first of them and closed by the
 
 An upload made hidden in ``ready/`` (``cp x ready/``) needs none: no other daemon can
 reach a name that has not appeared, so its handle takes no part (``Handle.private``).
+
+A rename that leaves an upload's publish to its writers marks its staging file first
+(``leave``), so that a writer's close reads the upload's row only where it may have
+(``may_be_left``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,30 @@ class WriterLocks:
                         "this mount cannot see writers through another mount of the store",
                         staging.root)
         self._held: dict[int, _Held] = {}
+        #: whether staging files keep the mark of ``leave`` (else every close looks)
+        self.marks = writelock.keeps_left_marks(staging.root)
+
+    def leave(self, entry_id: int) -> None:
+        """A rename leaves the upload's publish to its writers: mark its staging file so,
+        before the rename's transaction commits."""
+        if not self.marks:
+            return
+        try:
+            writelock.leave_to_writers(self.staging.path(entry_id))
+        except FileNotFoundError:
+            pass  # no writer to tell here (another host's upload, or already gone)
+        except OSError as e:
+            raise StoreFailure(f"staging file of {entry_id}: {e}") from e
+
+    def may_be_left(self, fd: int | None) -> bool:
+        """Whether a rename may have left the publish of the upload staged on ``fd`` to its
+        writers (False: no rename did, before this call)."""
+        if not self.marks or fd is None:
+            return True
+        try:
+            return writelock.left_to_writers(fd)
+        except OSError:
+            return True
 
     def _open(self, entry_id: int, fd: int | None) -> int | None:
         try:
