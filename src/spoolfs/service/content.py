@@ -470,10 +470,14 @@ class Content:
 
     def seal_and_store(self, entry_id: int, reserve_id: Callable[[], int],
                        r: ReadTx | None = None) -> Sealed:
-        """``seal``, then, for a remote blob store, store the content under a blob id
+        """``seal``, then ``store``."""
+        return self.store(self.seal(entry_id), reserve_id, r)
+
+    def store(self, sealed: Sealed, reserve_id: Callable[[], int], r: ReadTx | None = None
+              ) -> Sealed:
+        """For a remote blob store, store sealed content that is not inline under a blob id
         reserved for it: before the transaction that attaches it (blocking). Content already
         stored (the same bytes published before, found through ``r``) is not stored again."""
-        sealed = self.seal(entry_id)
         if r is not None and sealed.data is None and r.blob_by_sha(sealed.sha256) is not None:
             return sealed  # attach shares it (if it is gone by then, the publish fails: EIO)
         if self.blobs.remote and sealed.data is None:

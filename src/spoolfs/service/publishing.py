@@ -310,13 +310,19 @@ class Publishing(SpoolCore):
 
     async def _seal(self, e: Entry) -> Sealed:
         await self.write_pace.landed(e.id)  # a write under way in a thread is in the content
-        if self.content.blobs.remote:  # stored before the transaction that attaches it
-            return await trio.to_thread.run_sync(self.content.seal_and_store, e.id,
+        remote = self.content.blobs.remote  # stored before the transaction that attaches it
+        if self.size_of(e) > self.content.inline_max or self.content.seal_may_wait():
+            if remote:
+                return await trio.to_thread.run_sync(self.content.seal_and_store, e.id,
+                                                     self.store.reserve_blob_id, self.r,
+                                                     limiter=self.limiter)
+            return await trio.to_thread.run_sync(self.content.seal, e.id)
+        sealed = self.content.seal(e.id)  # small: inline, read and hashed here
+        if remote and sealed.data is None:  # (grown since it was looked at)
+            return await trio.to_thread.run_sync(self.content.store, sealed,
                                                  self.store.reserve_blob_id, self.r,
                                                  limiter=self.limiter)
-        if self.size_of(e) > self.content.inline_max or self.content.seal_may_wait():
-            return await trio.to_thread.run_sync(self.content.seal, e.id)
-        return self.content.seal(e.id)
+        return sealed
 
     async def _seal_batch(self, root: Entry) -> list[tuple[int, Sealed]]:
         """Publishing a batch seals every file in it; none may still be open for writing."""
