@@ -851,6 +851,24 @@ async def published(spool: Spool, data: bytes) -> AsyncIterator[tuple[Q, int]]:
         spool.committer.close()
 
 
+def counted_queries(spool: Spool, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The queries ``spool``'s reader sends from now on, waited for or as steps."""
+    asked: list[str] = []
+    run = spool.r._run  # type: ignore[attr-defined]
+    steps = spool.r._steps  # type: ignore[attr-defined]
+
+    def counting(query: str, params: Any) -> Any:
+        asked.append(query)
+        return run(query, params)
+
+    def counting_steps(query: str, params: Any) -> Any:
+        asked.append(query)
+        return (yield from steps(query, params))
+    monkeypatch.setattr(spool.r, "_run", counting)
+    monkeypatch.setattr(spool.r, "_steps", counting_steps)
+    return asked
+
+
 @pytest.mark.parametrize("remote", [True, False])
 async def test_an_open_of_published_content_is_one_query(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str, remote: bool) -> None:
@@ -863,13 +881,7 @@ async def test_an_open_of_published_content_is_one_query(
                   str(tmp_path / "blobs"))
     spool = Spool(store, place)
     async with published(spool, b"published bytes") as (q, mid):
-        run = spool.r._run  # type: ignore[attr-defined]
-        asked: list[str] = []
-
-        def counting(query: str, params: Any) -> Any:
-            asked.append(query)
-            return run(query, params)
-        monkeypatch.setattr(spool.r, "_run", counting)
+        asked = counted_queries(spool, monkeypatch)
         h = await spool.open(mid, False, False, WHO)
         opened = list(asked)
         try:
@@ -891,19 +903,7 @@ async def test_a_rename_reads_its_row_and_target_directory_in_one_query(
         w1 = await spool.mkdir(q[State.WORKING], b"w1", 0o755, WHO)
         gone = await spool.mkdir(q[State.WORKING], b"gone", 0o755, WHO)
         await spool.rmdir(q[State.WORKING], b"gone", WHO)
-        asked: list[str] = []
-        run = spool.r._run  # type: ignore[attr-defined]
-        steps = spool.r._steps  # type: ignore[attr-defined]
-
-        def counting(query: str, params: Any) -> Any:
-            asked.append(query)
-            return run(query, params)
-
-        def counting_steps(query: str, params: Any) -> Any:
-            asked.append(query)
-            return (yield from steps(query, params))
-        monkeypatch.setattr(spool.r, "_run", counting)
-        monkeypatch.setattr(spool.r, "_steps", counting_steps)
+        asked = counted_queries(spool, monkeypatch)
         with pytest.raises(NotFound):
             await spool.rename(q[State.READY], b"f", gone.id, b"f", 0, WHO)
         with pytest.raises(NotFound):

@@ -370,7 +370,7 @@ class Operations(pyfuse3.Operations):
         if virtual.is_virtual(inode):
             return self._virtual_attr(inode)
         sid = self._sid(inode)
-        e = self.spool.r.get(sid)
+        e = await self.spool.row(sid)
         if e is None:
             gone = self._gone.get(sid)
             if gone is not None:

@@ -208,6 +208,11 @@ class SpoolCore:
             raise NotFound(f"no entry {entry_id}")
         return e
 
+    async def row(self, entry_id: int) -> Entry | None:
+        """The entry's row (None when it is gone): on a database server far enough away, the
+        loop answers other requests meanwhile (``steps``)."""
+        return await waited(self.r.get_steps(entry_id))
+
     def lookup(self, parent: int, name: bytes) -> Entry:
         if len(name) > 255:
             check_message_name(name)

@@ -29,6 +29,7 @@ from spoolfs.service.content import Handle
 from spoolfs.service.publishing import Publishing
 from spoolfs.service.roles import inherit, keeps_setid, setid_bits
 from spoolfs.service.spool_core import Who, free_off_loop
+from spoolfs.service.steps import waited
 from spoolfs.store.base import Blob, Entry, WriteTx
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,9 @@ class Uploads(Publishing):
     async def create(self, parent: int, name: bytes, mode: int, who: Who) -> tuple[Entry, Handle]:
         """A new upload, opened for writing. In ``ready/`` (not a staging name) it stays
         invisible until its last writer closes, then appears complete."""
-        d = self.get(parent)
+        d = await self.row(parent)
+        if d is None:
+            raise NotFound(f"no entry {parent}")
         if d.kind in ("message", MEMBER) and is_dir(d):
             return await self._create_member(d, name, mode, who)
         state = self._message_dir(d)
@@ -138,7 +141,8 @@ class Uploads(Publishing):
         return h
 
     async def open(self, entry_id: int, writable: bool, truncate: bool, who: Who) -> Handle:
-        e, blob = self.r.get_with_blob(entry_id)  # (one round trip on a database server)
+        # one round trip on a database server, the loop answering others meanwhile
+        e, blob = await waited(self.r.get_with_blob_steps(entry_id))
         if e is None:
             raise NotFound(f"no entry {entry_id}")
         if e.kind not in ("message", MEMBER) or is_dir(e):

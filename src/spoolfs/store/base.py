@@ -151,6 +151,14 @@ class ReadTx(abc.ABC):
         return self.lookup(parent, name)
         yield  # (a generator without a step)
 
+    def get_steps(self, entry_id: int) -> Steps[Entry | None]:
+        return self.get(entry_id)
+        yield
+
+    def get_with_blob_steps(self, entry_id: int) -> Steps[tuple[Entry | None, Blob | None]]:
+        return self.get_with_blob(entry_id)
+        yield
+
     def rename_reads_steps(self, parent: int, name: bytes, new_parent: int, new_name: bytes
                            ) -> Steps[tuple[Entry | None, Entry | None, Entry | None]]:
         return self.rename_reads(parent, name, new_parent, new_name)

@@ -220,6 +220,16 @@ def _found(rows: list[tuple[Any, ...]]) -> tuple[Entry | None, Entry | None, Ent
     return found[0], found[1], found[2]
 
 
+def _with_blob(rows: list[tuple[Any, ...]]) -> tuple[Entry | None, Blob | None]:
+    """``_GET_WITH_BLOB``'s row: the entry, and its content's blob row."""
+    if not rows:
+        return None, None
+    row = rows[0]
+    blob_id, sha256, size, data = row[_ENTRY_PART:]
+    return Entry.from_row(row[:_ENTRY_PART]), None if blob_id is None else _blob(
+        (blob_id, sha256, size, row[_ENTRY_PART - 1], data))
+
+
 class PgRead(ReadTx):
     def __init__(self, run: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]) -> None:
         self._run = run
@@ -239,12 +249,7 @@ class PgRead(ReadTx):
         return Entry.from_row(row) if row else None
 
     def get_with_blob(self, entry_id: int) -> tuple[Entry | None, Blob | None]:
-        row = self.q1(_GET_WITH_BLOB, (entry_id,))
-        if row is None:
-            return None, None
-        blob_id, sha256, size, data = row[_ENTRY_PART:]
-        return Entry.from_row(row[:_ENTRY_PART]), None if blob_id is None else _blob(
-            (blob_id, sha256, size, row[_ENTRY_PART - 1], data))
+        return _with_blob(self.q(_GET_WITH_BLOB, (entry_id,)))
 
     def lookup(self, parent: int, name: bytes) -> Entry | None:
         row = self.q1(_LOOKUP, (parent, name))
@@ -262,6 +267,13 @@ class PgRead(ReadTx):
     def lookup_steps(self, parent: int, name: bytes) -> Steps[Entry | None]:
         rows = yield from self._steps(_LOOKUP, (parent, name))
         return Entry.from_row(rows[0]) if rows else None
+
+    def get_steps(self, entry_id: int) -> Steps[Entry | None]:
+        rows = yield from self._steps(f"{_SEL} WHERE e.id=%s", (entry_id,))
+        return Entry.from_row(rows[0]) if rows else None
+
+    def get_with_blob_steps(self, entry_id: int) -> Steps[tuple[Entry | None, Blob | None]]:
+        return _with_blob((yield from self._steps(_GET_WITH_BLOB, (entry_id,))))
 
     def rename_reads_steps(self, parent: int, name: bytes, new_parent: int, new_name: bytes
                            ) -> Steps[tuple[Entry | None, Entry | None, Entry | None]]:
