@@ -1,6 +1,7 @@
 """Names a daemon saw leave, answered absent with no round trip to a shared store
 (service/left_names.py): its own changes at their commit, other hosts' through the change
-log; a name made again, here or elsewhere, is asked of the store again."""
+log; a name made again, here or elsewhere, is asked of the store again. A consumer's view
+known whole answers every name not in it absent, kept current by the same changes."""
 
 from __future__ import annotations
 
@@ -38,6 +39,59 @@ def test_a_change_frees_where_an_entry_was_and_takes_where_it_is() -> None:
     assert [(1, b"%d" % i) in names for i in range(5)] == [False, False, True, True, True]
     names.made(1, b"4")
     assert (1, b"4") not in names and len(names) == 2
+
+
+def test_a_directory_known_whole_answers_every_name_not_in_it() -> None:
+    names = LeftNames(dirs=2, dir_names=3)
+    assert not names.wanted(5)
+    names.view(5)
+    assert names.wanted(5) and (5, b"x") not in names
+    names.learn(5, [b"a"], names.mark())
+    assert not names.wanted(5)
+    assert (5, b"x") in names and (5, b"a") not in names
+    names.changes([(7, 5, b"x", 1, b"x")])  # claimed into it
+    assert (5, b"x") not in names and (1, b"x") in names
+    names.changes([(7, 2, b"x", 5, b"x")])  # finished out of it
+    assert (5, b"x") in names
+    names.made(5, b"m")  # (made here, in no change log)
+    assert (5, b"m") not in names
+    names.changes([(8, 5, b"y", 1, b"y")], committed=False)  # an outcome not known
+    assert (5, b"zz") not in names and names.wanted(5)
+    # a change between the mark and the listing: the listing is not kept
+    mark = names.mark()
+    names.changes([(9, 5, b"z", 1, b"z")])
+    names.learn(5, [], mark)
+    assert (5, b"z") not in names and names.wanted(5)
+    names.learn(5, [b"z"], names.mark())
+    assert (5, b"q") in names
+    # more names than it may hold: forgotten, asked again
+    names.changes([(i, 5, b"n%d" % i, 1, b"n%d" % i) for i in range(10, 13)])
+    assert (5, b"q") not in names
+    # too many to learn; the directory itself moved or removed
+    names.learn(5, [b"a", b"b", b"c", b"d"], names.mark())
+    assert (5, b"q") not in names
+    names.view(6)
+    names.learn(6, [], names.mark())
+    assert (6, b"q") in names
+    names.changes([(6, 3, b"c1", 3, b"c1"), (6, None, None, None, None)])  # its times
+    assert (6, b"q") in names
+    names.changes([(6, None, None, 3, b"c1")])
+    assert (6, b"q") not in names
+
+
+def test_a_listing_read_across_a_change_is_never_kept_whatever_the_order() -> None:
+    """A change applied by another thread while the listing is kept: before the check, it
+    drops what was kept; after it, it is applied to what was kept."""
+    for when in range(3):
+        names = LeftNames()
+        names.view(5)
+        mark = names.mark()
+        if when == 0:
+            names.changes([(9, 5, b"z", 1, b"z")])
+        names.learn(5, [] if when == 0 else [b"z"] if when == 2 else [], mark)
+        if when == 1:
+            names.changes([(9, 5, b"z", 1, b"z")])
+        assert (5, b"z") not in names
 
 
 class _Host:
@@ -114,6 +168,49 @@ async def test_a_name_claimed_here_or_elsewhere_is_absent_with_no_round_trip(
             assert a.reads
             await a.spool.close(h, WHO)
             assert await a.lookup(ready, b"f") == e.id
+            a.spool.committer.close()
+            b.spool.committer.close()
+    finally:
+        a.store.close()
+        b.store.close()
+
+
+async def test_a_claims_new_name_in_a_view_known_whole_is_free_with_no_round_trip(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+    """The kernel looks a claim's new name up before the rename, holding the rename lock
+    every claim through the mount waits for: in a consumer's view read whole once, a name
+    not in it is free with no read. Names claimed into it here or elsewhere (once the change
+    is seen) are asked of the store."""
+    monkeypatch.setattr(pyfuse3, "invalidate_entry_async", lambda *a, **k: None)
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *a, **k: None)
+    a, b = _Host(pg_url, tmp_path / "a"), _Host(pg_url, tmp_path / "b")
+    try:
+        async with trio.open_nursery() as n:
+            await n.start(a.spool.committer.run)
+            await n.start(b.spool.committer.run)
+            qe = await a.spool.mkdir(1, b"q", 0o755, WHO)
+            q = Q(a.spool, qe.id)
+            ready, working = q[State.READY], q[State.WORKING]
+            w = await a.spool.mkdir(working, b"w", 0o755, WHO)
+            await b.follower.catch_up()
+            for name in (b"f", b"g", b"h"):
+                mid = await upload(a.spool, q[State.PARTIAL], name, b"bytes")
+                await a.spool.rename(q[State.PARTIAL], name, ready, name, 0, WHO)
+            assert await a.lookup(working, b"w") == a.ops._ino(w.id)  # noqa: SLF001
+            assert await a.lookup(w.id, b"f") == 0 and len(a.reads) == 2  # and read whole
+            assert await a.lookup(w.id, b"g") == 0 and a.reads == []
+            await a.spool.rename(ready, b"f", w.id, b"f", 0, WHO)
+            assert await a.lookup(w.id, b"f") != 0 and a.reads
+            assert await a.lookup(w.id, b"other") == 0 and a.reads == []
+            # claimed into it elsewhere: asked of the store once the change is seen
+            await b.follower.catch_up()
+            await b.spool.rename(ready, b"g", w.id, b"g", 0, WHO)
+            await a.follower.catch_up()
+            assert await a.lookup(w.id, b"g") != 0 and a.reads
+            # finished out of it here: free again with no read
+            await a.spool.rename(w.id, b"f", q[State.SUCCESS], b"f", 0, WHO)
+            assert await a.lookup(w.id, b"f") == 0 and a.reads == []
+            assert mid
             a.spool.committer.close()
             b.spool.committer.close()
     finally:

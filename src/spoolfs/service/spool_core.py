@@ -228,6 +228,8 @@ class SpoolCore:
             check_message_name(name)
         e, d, there = await waited(self.r.rename_reads_steps(parent, name, new_parent,
                                                              new_name))
+        if self.left_names is not None and d is not None and d.kind == "consumer":
+            self.left_names.view(d.id)  # (the next claim into it looks its new name up)
         return _shown(e), d, there
 
     async def find(self, parent: int, name: bytes, who: Who | None = None) -> Entry | None:
@@ -235,12 +237,21 @@ class SpoolCore:
         None) when an unpublished upload holds the name, which may appear at any close. An
         NFS server finds the uploads it writes itself (it looks up what it just created).
         On a database server far enough away, the loop answers other requests meanwhile
-        (``steps``); a name this daemon saw leave is None with no read (``left_names``)."""
+        (``steps``); a name this daemon saw leave, or one not in a consumer's view it knows
+        whole, is None with no read (``left_names``)."""
         if len(name) > 255:
             check_message_name(name)
-        if self.left_names is not None and (parent, name) in self.left_names:
+        known = self.left_names
+        if known is not None and (parent, name) in known:
             return None
         e = await waited(self.r.lookup_steps(parent, name))
+        if known is not None:
+            if e is None and known.wanted(parent):  # a claim's new name: read it whole
+                mark = known.mark()
+                known.learn(parent, await waited(self.r.names_steps(parent, known.dir_names
+                                                                    + 1)), mark)
+            elif e is not None and e.kind == "consumer":
+                known.view(e.id)
         if e is not None and e.hidden and not (who is not None and who.nfs
                                                and self.nfs_writes(e.id)):
             raise NotFound()

@@ -151,6 +151,12 @@ class ReadTx(abc.ABC):
         return self.lookup(parent, name)
         yield  # (a generator without a step)
 
+    def names_steps(self, parent: int, limit: int) -> Steps[list[bytes]]:
+        """The names of up to ``limit`` of ``parent``'s children, hidden or not (every name
+        taken there, when fewer come back)."""
+        return [e.name for e in self.children(parent)[:limit]]
+        yield
+
     def get_steps(self, entry_id: int) -> Steps[Entry | None]:
         return self.get(entry_id)
         yield

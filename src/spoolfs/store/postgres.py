@@ -268,6 +268,11 @@ class PgRead(ReadTx):
         rows = yield from self._steps(_LOOKUP, (parent, name))
         return Entry.from_row(rows[0]) if rows else None
 
+    def names_steps(self, parent: int, limit: int) -> Steps[list[bytes]]:
+        rows = yield from self._steps("SELECT name FROM entries WHERE parent=%s LIMIT %s",
+                                      (parent, limit))
+        return [bytes(r[0]) for r in rows]
+
     def get_steps(self, entry_id: int) -> Steps[Entry | None]:
         rows = yield from self._steps(f"{_SEL} WHERE e.id=%s", (entry_id,))
         return Entry.from_row(rows[0]) if rows else None
