@@ -94,6 +94,30 @@ async def test_a_missing_name_is_a_cached_negative_entry_without_a_log_line(
     assert [r for r in caplog.records if r.name == ops_module.__name__] == []
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["embedded", "shared"])
+async def test_a_shared_stores_queues_and_views_keep_their_names_longer(
+        fs: Fs, monkeypatch: pytest.MonkeyPatch, shared: bool) -> None:
+    """On a shared store the kernel may keep the name of a queue, a state directory or a
+    consumer's view for STRUCTURE_TIMEOUT: every change to one is a transaction the mount
+    makes itself or its follower sees (and drops the name). A message's name, every
+    attribute, and every name on an embedded store (whose other daemons no one follows)
+    keep TIMEOUT."""
+    monkeypatch.setattr(fs.spool.store, "shared", shared)
+    ops = ops_module.Operations(fs.spool)
+    longer = ops_module.STRUCTURE_TIMEOUT if shared else ops_module.TIMEOUT
+    assert longer >= ops_module.TIMEOUT
+    view = await ops.mkdir(fs[State.WORKING], b"c1", 0o755, Ctx())
+    await fs.upload(fs[State.READY], b"m", b"data")
+    for parent, name, timeout in ((pyfuse3.ROOT_INODE, b"q", longer),
+                                  (fs.queue, b"working", longer),
+                                  (fs[State.WORKING], b"c1", longer),
+                                  (fs[State.READY], b"m", ops_module.TIMEOUT)):
+        attr = await ops.lookup(parent, name, Ctx())
+        assert (attr.entry_timeout, attr.attr_timeout) == (timeout, ops_module.TIMEOUT), name
+    assert view.entry_timeout == longer
+    assert (await ops.lookup(fs.queue, b"nothing", Ctx())).entry_timeout == ops_module.TIMEOUT
+
+
 @pytest.mark.parametrize("exists", [False, True], ids=["absent", "present"])
 async def test_an_answer_read_while_a_name_was_dropped_is_not_kept(
         fs: Fs, monkeypatch: pytest.MonkeyPatch, exists: bool) -> None:

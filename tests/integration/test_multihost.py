@@ -226,6 +226,33 @@ def test_an_unreachable_s3_endpoint_is_one_line_at_mount(
     assert not os.path.ismount(tmp_path / "m")
 
 
+def test_a_view_removed_and_made_again_on_one_host_is_seen_on_the_other(
+        mounter: MountFactory, pg_url: str, tmp_path: Path) -> None:
+    """The kernel keeps the names of queues, state directories and views longer on a shared
+    store (fuse/ops.py STRUCTURE_TIMEOUT): another host's removal of one, or a queue made
+    again, reaches this mount through its follower, within about a second, not after it."""
+    a = mounter(pg_url, tmp_path / "a", extra=["--blobs", str(tmp_path / "shared-blobs")])
+    b = mounter(pg_url, tmp_path / "b")
+    q = Queue.create(a.path, "q", tmp_path / "scratch")
+    qb = Queue(b.path / "q", tmp_path / "scratch")
+    view = q.consumer("c1")
+    wait_until(lambda: (qb.working / "c1").is_dir(), timeout=PROPAGATION,
+               alive=b.daemon_alive, what="B to see the view")
+    first = os.stat(qb.working / "c1").st_ino  # the name kept by B's kernel now
+    os.rmdir(view)
+    wait_until(lambda: not (qb.working / "c1").exists(), timeout=PROPAGATION,
+               alive=b.daemon_alive, what="B to see the view removed")
+    os.mkdir(view)
+    wait_until(lambda: (qb.working / "c1").is_dir(), timeout=PROPAGATION,
+               alive=b.daemon_alive, what="B to see the view made again")
+    assert os.stat(qb.working / "c1").st_ino != first
+    os.rmdir(q.path)  # (its state directories and empty views with it)
+    wait_until(lambda: not (b.path / "q").exists(), timeout=PROPAGATION,
+               alive=b.daemon_alive, what="B to see the queue removed")
+    a.umount()
+    b.umount()
+
+
 def test_an_upload_written_on_one_host_is_refused_on_another(
         mounter: MountFactory, pg_url: str, tmp_path: Path) -> None:
     """Host B runs in a mount namespace of its own, where the directory of each host's

@@ -37,6 +37,15 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: store see changes within this; this daemon's own changes reach the kernel through its
 #: replies, or by dropping the names it changed without a request.
 TIMEOUT = 1.0
+#: On a shared store, seconds the kernel may cache the name of a queue, a state directory or
+#: a consumer's view (not their attributes: a directory's times move with every name in it).
+#: Such a name changes only in a transaction: this mount's through the kernel's own request,
+#: another host's seen by the follower, which drops the name (service/follower.py), as the
+#: change log is kept far longer than this. So a command run now and then (a cron job's
+#: ``mv``) walks its path with no round trip. Other daemons of an embedded store are
+#: followed by no one: TIMEOUT there.
+STRUCTURE_TIMEOUT = 60.0
+STRUCTURE = frozenset(("queue", "state", "consumer"))
 #: how long the kernel may keep the attributes of a reply, counted here from its making: the
 #: kernel counts TIMEOUT from its receipt, a little later
 FRESH = TIMEOUT + 0.5
@@ -128,6 +137,8 @@ class Operations(pyfuse3.Operations):
         self._nfs_threads: dict[int, bool] | None = {} if nfs_export else None
         #: uploads are written straight to the daemon, past the page cache (not -o shared_mmap)
         self._direct_writes = direct_writes
+        #: what the kernel may keep a queue's, a state directory's, a view's name for
+        self._structure_timeout = STRUCTURE_TIMEOUT if spool.store.shared else TIMEOUT
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, _Listing] = {}  # open directory handle -> its listing
         self._next_fh = 1
@@ -260,7 +271,7 @@ class Operations(pyfuse3.Operations):
         # writer holds it), is never cached: ready/ shows only complete files. (A rename that
         # hides an upload opened after its name was cached drops the name: see rename.)
         a.entry_timeout = 0 if e.hidden or (e.staged and self.spool.being_written(e.id)) \
-            else TIMEOUT
+            else self._structure_timeout if e.kind in STRUCTURE else TIMEOUT
         a.attr_timeout = TIMEOUT
         a.st_mode = e.mode
         a.st_nlink = self.spool.nlink_of(e) if nlink is None else nlink
