@@ -6,13 +6,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import trio
 
+from helpers.kernel import Ctx
 from spoolfs.core.rules import State
+from spoolfs.fuse.ops import Operations
+from spoolfs.service.follower import Follower
 from spoolfs.service.fsck import Fsck
 from spoolfs.service.spool import Spool, Who
 from spoolfs.store.base import Entry
+from spoolfs.store.postgres import PostgresStore
 from spoolfs.store.registry import open_store
 
 WHO = Who(0, 0, 1)
@@ -83,3 +88,36 @@ def entries_read() -> Iterator[list[int]]:
         yield count
     finally:
         Entry.__init__ = init  # type: ignore[method-assign]
+
+
+class SharedHost:
+    """A daemon of the shared store: its spool, handlers and follower (run by hand)."""
+
+    def __init__(self, url: str, where: Path) -> None:
+        where.mkdir()
+        self.store = PostgresStore(url)
+        self.spool = Spool(self.store, str(where))
+        self.ops = Operations(self.spool)
+        assert self.spool.left_names is not None
+        self.names = self.spool.left_names
+        self.follower = Follower(self.store, self.spool.on_gone, self.spool.changed_elsewhere,
+                                 None, self.names)
+        self.follower.seq = self.store.last_change()
+        self.reads: list[str] = []
+        run, steps = self.spool.r._run, self.spool.r._steps  # type: ignore[attr-defined]
+
+        def counting(query: str, params: Any) -> Any:
+            self.reads.append(query)
+            return run(query, params)
+
+        def counting_steps(query: str, params: Any) -> Any:
+            self.reads.append(query)
+            return (yield from steps(query, params))
+        self.spool.r._run = counting  # type: ignore[attr-defined]
+        self.spool.r._steps = counting_steps  # type: ignore[attr-defined]
+
+    async def lookup(self, parent: int, name: bytes) -> int:
+        """The inode the kernel gets (0: absent); what the store was asked is in ``reads``."""
+        self.reads.clear()
+        attr = await self.ops.lookup(parent, name, Ctx())
+        return int(attr.st_ino)

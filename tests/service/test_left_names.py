@@ -6,20 +6,16 @@ known whole answers every name not in it absent, kept current by the same change
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pyfuse3
 import pytest
 import trio
 
-from helpers.kernel import Ctx
-from helpers.spool import WHO, Q, upload
+from helpers.spool import WHO, Q, SharedHost, upload
+from spoolfs.core.errors import NotFound
 from spoolfs.core.rules import State
-from spoolfs.fuse.ops import Operations
-from spoolfs.service.follower import Follower
+from spoolfs.service import spool_core
 from spoolfs.service.left_names import LeftNames
-from spoolfs.service.spool import Spool
-from spoolfs.store.postgres import PostgresStore
 
 
 def test_a_change_frees_where_an_entry_was_and_takes_where_it_is() -> None:
@@ -94,44 +90,11 @@ def test_a_listing_read_across_a_change_is_never_kept_whatever_the_order() -> No
         assert (5, b"z") not in names
 
 
-class _Host:
-    """A daemon of the shared store: its spool, handlers and follower (run by hand)."""
-
-    def __init__(self, url: str, where: Path) -> None:
-        where.mkdir()
-        self.store = PostgresStore(url)
-        self.spool = Spool(self.store, str(where))
-        self.ops = Operations(self.spool)
-        assert self.spool.left_names is not None
-        self.names = self.spool.left_names
-        self.follower = Follower(self.store, self.spool.on_gone, self.spool.changed_elsewhere,
-                                 None, self.names)
-        self.follower.seq = self.store.last_change()
-        self.reads: list[str] = []
-        run, steps = self.spool.r._run, self.spool.r._steps  # type: ignore[attr-defined]
-
-        def counting(query: str, params: Any) -> Any:
-            self.reads.append(query)
-            return run(query, params)
-
-        def counting_steps(query: str, params: Any) -> Any:
-            self.reads.append(query)
-            return (yield from steps(query, params))
-        self.spool.r._run = counting  # type: ignore[attr-defined]
-        self.spool.r._steps = counting_steps  # type: ignore[attr-defined]
-
-    async def lookup(self, parent: int, name: bytes) -> int:
-        """The inode the kernel gets (0: absent); what the store was asked is in ``reads``."""
-        self.reads.clear()
-        attr = await self.ops.lookup(parent, name, Ctx())
-        return int(attr.st_ino)
-
-
 async def test_a_name_claimed_here_or_elsewhere_is_absent_with_no_round_trip(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
     monkeypatch.setattr(pyfuse3, "invalidate_entry_async", lambda *a, **k: None)
     monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *a, **k: None)
-    a, b = _Host(pg_url, tmp_path / "a"), _Host(pg_url, tmp_path / "b")
+    a, b = SharedHost(pg_url, tmp_path / "a"), SharedHost(pg_url, tmp_path / "b")
     try:
         async with trio.open_nursery() as n:
             await n.start(a.spool.committer.run)
@@ -142,7 +105,7 @@ async def test_a_name_claimed_here_or_elsewhere_is_absent_with_no_round_trip(
             w = await a.spool.mkdir(q[State.WORKING], b"w", 0o755, WHO)
             await b.follower.catch_up()
 
-            async def publish(host: _Host, name: bytes) -> int:
+            async def publish(host: SharedHost, name: bytes) -> int:
                 mid = await upload(host.spool, q[State.PARTIAL], name, b"bytes")
                 await host.spool.rename(q[State.PARTIAL], name, ready, name, 0, WHO)
                 return mid
@@ -183,7 +146,7 @@ async def test_a_claims_new_name_in_a_view_known_whole_is_free_with_no_round_tri
     is seen) are asked of the store."""
     monkeypatch.setattr(pyfuse3, "invalidate_entry_async", lambda *a, **k: None)
     monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *a, **k: None)
-    a, b = _Host(pg_url, tmp_path / "a"), _Host(pg_url, tmp_path / "b")
+    a, b = SharedHost(pg_url, tmp_path / "a"), SharedHost(pg_url, tmp_path / "b")
     try:
         async with trio.open_nursery() as n:
             await n.start(a.spool.committer.run)
@@ -211,6 +174,56 @@ async def test_a_claims_new_name_in_a_view_known_whole_is_free_with_no_round_tri
             await a.spool.rename(w.id, b"f", q[State.SUCCESS], b"f", 0, WHO)
             assert await a.lookup(w.id, b"f") == 0 and a.reads == []
             assert mid
+            a.spool.committer.close()
+            b.spool.committer.close()
+    finally:
+        a.store.close()
+        b.store.close()
+
+
+async def test_a_create_reads_its_directory_at_most_once_a_second_unless_it_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+    """A create reads the directory it makes its entry in (its kind, its mode: what the new
+    entry inherits): on a shared store a round trip before every ``cp``. A queue's state
+    directory is read at most once a second: again at once after a change of it here (a
+    ``chmod g+s``: the next file takes its group) or seen from another host; a queue
+    removed elsewhere meanwhile refuses the create with ENOENT."""
+    monkeypatch.setattr(pyfuse3, "invalidate_entry_async", lambda *a, **k: None)
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *a, **k: None)
+    a, b = SharedHost(pg_url, tmp_path / "a"), SharedHost(pg_url, tmp_path / "b")
+    try:
+        async with trio.open_nursery() as n:
+            await n.start(a.spool.committer.run)
+            await n.start(b.spool.committer.run)
+            qe = await a.spool.mkdir(1, b"q", 0o755, WHO)
+            ready = Q(a.spool, qe.id)[State.READY]
+
+            async def made(name: bytes) -> tuple[list[str], int]:
+                a.reads.clear()
+                e, h = await a.spool.create(ready, name, 0o644, WHO)
+                reads = list(a.reads)
+                await a.spool.close(h, WHO)
+                return reads, e.gid
+
+            assert len((await made(b"f1"))[0]) == 1
+            assert (await made(b"f2"))[0] == []
+            await a.spool.setattr(ready, mode=0o2775, gid=123, who=WHO)
+            reads, gid = await made(b"f3")
+            assert len(reads) == 1 and gid == 123
+            assert (await made(b"f4"))[0] == []
+            await b.follower.catch_up()
+            await b.spool.setattr(ready, mode=0o755, who=WHO)
+            await a.follower.catch_up()
+            reads, gid = await made(b"f5")
+            assert len(reads) == 1 and gid == WHO.gid
+            monkeypatch.setattr(spool_core, "STRUCTURE_ROW_S", 0.0)
+            assert len((await made(b"f6"))[0]) == 1
+            monkeypatch.setattr(spool_core, "STRUCTURE_ROW_S", 60.0)
+            for name in (b"f1", b"f2", b"f3", b"f4", b"f5", b"f6"):
+                await b.spool.unlink(ready, name, WHO)
+            await b.spool.rmdir(1, b"q", WHO)
+            with pytest.raises(NotFound):
+                await a.spool.create(ready, b"late", 0o644, WHO)
             a.spool.committer.close()
             b.spool.committer.close()
     finally:

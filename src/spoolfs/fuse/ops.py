@@ -27,6 +27,7 @@ from spoolfs.service import status
 from spoolfs.service.content import Handle
 from spoolfs.service.roles import Caller, Gate, proc_groups
 from spoolfs.service.spool import Spool, Who
+from spoolfs.service.spool_core import STRUCTURE
 from spoolfs.service.timings import TIMINGS
 from spoolfs.store.base import Entry
 
@@ -45,7 +46,6 @@ TIMEOUT = 1.0
 #: ``mv``) walks its path with no round trip. Other daemons of an embedded store are
 #: followed by no one: TIMEOUT there.
 STRUCTURE_TIMEOUT = 60.0
-STRUCTURE = frozenset(("queue", "state", "consumer"))
 #: how long the kernel may keep the attributes of a reply, counted here from its making: the
 #: kernel counts TIMEOUT from its receipt, a little later
 FRESH = TIMEOUT + 0.5

@@ -39,7 +39,7 @@ from spoolfs.service.staging_pool import StagingPool
 from spoolfs.service.steps import waited
 from spoolfs.service.writepace import WritePace
 from spoolfs.service.writers import WriterLocks
-from spoolfs.store.base import Entry, ReadTx, Store, WriteTx
+from spoolfs.store.base import ChangeRow, Entry, ReadTx, Store, WriteTx
 from spoolfs.store.site import Place, embedded
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,12 @@ def free_name(tx: WriteTx, parent: int, name: bytes) -> bytes:
 
 
 STORE_THREADS = 4
+#: the kinds of directory that make a spool's structure: queues, their state directories,
+#: consumers' views (created and removed by hand, rarely)
+STRUCTURE = frozenset(("queue", "state", "consumer"))
+#: seconds a shared store's structure row read for a create is used again (as the kernel
+#: keeps attributes), unless a change of it is seen first
+STRUCTURE_ROW_S = 1.0
 
 
 def _shown(e: Entry | None) -> Entry:
@@ -140,9 +146,11 @@ class SpoolCore:
         self._failed: set[int] = set()  # uploads a write failed on: never published as they are
         #: names seen to leave and not made since, on a shared store (service/left_names.py)
         self.left_names: LeftNames | None = None
+        #: a shared store's structure rows, as creates read them: row and when read
+        self._structure: dict[int, tuple[Entry, float]] = {}
         if store.shared:
             self.left_names = LeftNames()
-            store.on_commit = self.left_names.changes
+            store.on_commit = self._committed
         #: uploads whose writer did not finish (killed, exited non-zero) -> why: never published
         self._unfinished: dict[int, str] = {}
         #: called with (parent, name) when the lifecycle moves or purges a message, so that the
@@ -176,7 +184,35 @@ class SpoolCore:
     def changed_elsewhere(self, ids: list[int]) -> None:
         """Entries another host changed (service/follower.py): the kernel must ask again."""
         self.mode_changes += 1
+        for i in ids:
+            self._structure.pop(i, None)
         self.on_stale(ids)
+
+    def _committed(self, changes: list[ChangeRow], committed: bool) -> None:
+        """A shared store's transaction of this daemon ended (``committed``: or may have):
+        from the committer's thread."""
+        assert self.left_names is not None
+        self.left_names.changes(changes, committed)
+        for entry, parent, _name, old_parent, _old in changes:
+            if parent is not None or old_parent is not None or not committed:
+                self._structure.pop(entry, None)  # (not for its times alone)
+
+    async def directory(self, entry_id: int) -> Entry:
+        """The directory a create makes its entry in. A shared store's queue, state
+        directory or view is read at most once a second (what a create uses of it, its kind
+        and its mode, changes rarely: a change of it seen here reads it again)."""
+        kept = self._structure.get(entry_id)
+        if kept is not None and time.monotonic() - kept[1] < STRUCTURE_ROW_S:
+            return kept[0]
+        read = time.monotonic()
+        e = await self.row(entry_id)
+        if e is None:
+            raise NotFound(f"no entry {entry_id}")
+        if self.left_names is not None and e.kind in STRUCTURE:
+            self._structure[entry_id] = (e, read)
+            if len(self._structure) > 10_000:
+                self._structure.clear()
+        return e
 
     async def tx(self, fn: Callable[[WriteTx], T], durable: bool = True) -> T:
         return await self.committer.submit(fn, durable)

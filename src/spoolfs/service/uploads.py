@@ -39,9 +39,7 @@ class Uploads(Publishing):
     async def create(self, parent: int, name: bytes, mode: int, who: Who) -> tuple[Entry, Handle]:
         """A new upload, opened for writing. In ``ready/`` (not a staging name) it stays
         invisible until its last writer closes, then appears complete."""
-        d = await self.row(parent)
-        if d is None:
-            raise NotFound(f"no entry {parent}")
+        d = await self.directory(parent)
         if d.kind in ("message", MEMBER) and is_dir(d):
             return await self._create_member(d, name, mode, who)
         state = self._message_dir(d)
@@ -49,9 +47,15 @@ class Uploads(Publishing):
         action = rules.decide_create(rules.kind_of(state, name))
         self.guard.check(self.policies.of(d.queue))
         now = self.clock()
-        return await self._new_upload(d, name, mode, who, now, kind="message", queue=d.queue,
-                                      state=state, **fields_of(transition(action, state), None,
-                                                               Context(now)))
+        try:
+            return await self._new_upload(d, name, mode, who, now, kind="message",
+                                          queue=d.queue, state=state,
+                                          **fields_of(transition(action, state), None,
+                                                      Context(now)))
+        except ValueError:  # a database's constraint: the directory gone since it was read?
+            if await self.row(parent) is None:
+                raise NotFound(f"no entry {parent}") from None
+            raise
 
     async def _new_upload(self, d: Entry, name: bytes, mode: int, who: Who, now: int,
                           **fields: Any) -> tuple[Entry, Handle]:

@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS blobs (
     sha256   BYTEA NOT NULL UNIQUE,
     size     BIGINT NOT NULL,
     refcount BIGINT NOT NULL CHECK (refcount >= 0),
-    data     BYTEA                                -- never sent by the service for this engine
+    data     BYTEA                                -- content of at most 16 KiB, else NULL
 );
 
 CREATE TABLE IF NOT EXISTS entries (
