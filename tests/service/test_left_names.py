@@ -5,6 +5,8 @@ known whole answers every name not in it absent, kept current by the same change
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pyfuse3
@@ -90,52 +92,61 @@ def test_a_listing_read_across_a_change_is_never_kept_whatever_the_order() -> No
         assert (5, b"z") not in names
 
 
-async def test_a_name_claimed_here_or_elsewhere_is_absent_with_no_round_trip(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+@asynccontextmanager
+async def two_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+                    ) -> AsyncIterator[tuple[SharedHost, SharedHost, Q]]:
+    """Two daemons of one shared store, their committers running, and a queue ``q`` made
+    through the first (the second has followed it)."""
     monkeypatch.setattr(pyfuse3, "invalidate_entry_async", lambda *a, **k: None)
     monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *a, **k: None)
-    a, b = SharedHost(pg_url, tmp_path / "a"), SharedHost(pg_url, tmp_path / "b")
+    a, b = SharedHost(url, tmp_path / "a"), SharedHost(url, tmp_path / "b")
     try:
         async with trio.open_nursery() as n:
             await n.start(a.spool.committer.run)
             await n.start(b.spool.committer.run)
             qe = await a.spool.mkdir(1, b"q", 0o755, WHO)
-            q = Q(a.spool, qe.id)
-            ready = q[State.READY]
-            w = await a.spool.mkdir(q[State.WORKING], b"w", 0o755, WHO)
             await b.follower.catch_up()
-
-            async def publish(host: SharedHost, name: bytes) -> int:
-                mid = await upload(host.spool, q[State.PARTIAL], name, b"bytes")
-                await host.spool.rename(q[State.PARTIAL], name, ready, name, 0, WHO)
-                return mid
-
-            # claimed here: absent at once, with no read
-            await publish(a, b"f")
-            await a.spool.rename(ready, b"f", w.id, b"f", 0, WHO)
-            assert await a.lookup(ready, b"f") == 0 and a.reads == []
-            # published again elsewhere: asked of the store once the change is seen
-            again = await publish(b, b"f")
-            await a.follower.catch_up()
-            assert await a.lookup(ready, b"f") == again and a.reads
-            # claimed elsewhere: absent with no read once the change is seen
-            await b.spool.rename(ready, b"f", w.id, b"f2", 0, WHO)
-            assert await a.lookup(ready, b"f") == 0 and a.reads  # not seen yet: asked
-            await a.follower.catch_up()
-            assert await a.lookup(ready, b"f") == 0 and a.reads == []
-            # made again here, unpublished (an upload into ready/, in no change log): asked
-            e, h = await a.spool.create(ready, b"f", 0o644, WHO)
-            assert (ready, b"f") not in a.names
-            with pytest.raises(pyfuse3.FUSEError):  # not shown until it is complete
-                await a.lookup(ready, b"f")
-            assert a.reads
-            await a.spool.close(h, WHO)
-            assert await a.lookup(ready, b"f") == e.id
+            yield a, b, Q(a.spool, qe.id)
             a.spool.committer.close()
             b.spool.committer.close()
     finally:
         a.store.close()
         b.store.close()
+
+
+async def test_a_name_claimed_here_or_elsewhere_is_absent_with_no_round_trip(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+    async with two_hosts(tmp_path, monkeypatch, pg_url) as (a, b, q):
+        ready = q[State.READY]
+        w = await a.spool.mkdir(q[State.WORKING], b"w", 0o755, WHO)
+        await b.follower.catch_up()
+
+        async def publish(host: SharedHost, name: bytes) -> int:
+            mid = await upload(host.spool, q[State.PARTIAL], name, b"bytes")
+            await host.spool.rename(q[State.PARTIAL], name, ready, name, 0, WHO)
+            return mid
+
+        # claimed here: absent at once, with no read
+        await publish(a, b"f")
+        await a.spool.rename(ready, b"f", w.id, b"f", 0, WHO)
+        assert await a.lookup(ready, b"f") == 0 and a.reads == []
+        # published again elsewhere: asked of the store once the change is seen
+        again = await publish(b, b"f")
+        await a.follower.catch_up()
+        assert await a.lookup(ready, b"f") == again and a.reads
+        # claimed elsewhere: absent with no read once the change is seen
+        await b.spool.rename(ready, b"f", w.id, b"f2", 0, WHO)
+        assert await a.lookup(ready, b"f") == 0 and a.reads  # not seen yet: asked
+        await a.follower.catch_up()
+        assert await a.lookup(ready, b"f") == 0 and a.reads == []
+        # made again here, unpublished (an upload into ready/, in no change log): asked
+        e, h = await a.spool.create(ready, b"f", 0o644, WHO)
+        assert (ready, b"f") not in a.names
+        with pytest.raises(pyfuse3.FUSEError):  # not shown until it is complete
+            await a.lookup(ready, b"f")
+        assert a.reads
+        await a.spool.close(h, WHO)
+        assert await a.lookup(ready, b"f") == e.id
 
 
 async def test_a_claims_new_name_in_a_view_known_whole_is_free_with_no_round_trip(
@@ -144,41 +155,28 @@ async def test_a_claims_new_name_in_a_view_known_whole_is_free_with_no_round_tri
     every claim through the mount waits for: in a consumer's view read whole once, a name
     not in it is free with no read. Names claimed into it here or elsewhere (once the change
     is seen) are asked of the store."""
-    monkeypatch.setattr(pyfuse3, "invalidate_entry_async", lambda *a, **k: None)
-    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *a, **k: None)
-    a, b = SharedHost(pg_url, tmp_path / "a"), SharedHost(pg_url, tmp_path / "b")
-    try:
-        async with trio.open_nursery() as n:
-            await n.start(a.spool.committer.run)
-            await n.start(b.spool.committer.run)
-            qe = await a.spool.mkdir(1, b"q", 0o755, WHO)
-            q = Q(a.spool, qe.id)
-            ready, working = q[State.READY], q[State.WORKING]
-            w = await a.spool.mkdir(working, b"w", 0o755, WHO)
-            await b.follower.catch_up()
-            for name in (b"f", b"g", b"h"):
-                mid = await upload(a.spool, q[State.PARTIAL], name, b"bytes")
-                await a.spool.rename(q[State.PARTIAL], name, ready, name, 0, WHO)
-            assert await a.lookup(working, b"w") == a.ops._ino(w.id)  # noqa: SLF001
-            assert await a.lookup(w.id, b"f") == 0 and len(a.reads) == 2  # and read whole
-            assert await a.lookup(w.id, b"g") == 0 and a.reads == []
-            await a.spool.rename(ready, b"f", w.id, b"f", 0, WHO)
-            assert await a.lookup(w.id, b"f") != 0 and a.reads
-            assert await a.lookup(w.id, b"other") == 0 and a.reads == []
-            # claimed into it elsewhere: asked of the store once the change is seen
-            await b.follower.catch_up()
-            await b.spool.rename(ready, b"g", w.id, b"g", 0, WHO)
-            await a.follower.catch_up()
-            assert await a.lookup(w.id, b"g") != 0 and a.reads
-            # finished out of it here: free again with no read
-            await a.spool.rename(w.id, b"f", q[State.SUCCESS], b"f", 0, WHO)
-            assert await a.lookup(w.id, b"f") == 0 and a.reads == []
-            assert mid
-            a.spool.committer.close()
-            b.spool.committer.close()
-    finally:
-        a.store.close()
-        b.store.close()
+    async with two_hosts(tmp_path, monkeypatch, pg_url) as (a, b, q):
+        ready, working = q[State.READY], q[State.WORKING]
+        w = await a.spool.mkdir(working, b"w", 0o755, WHO)
+        await b.follower.catch_up()
+        for name in (b"f", b"g", b"h"):
+            mid = await upload(a.spool, q[State.PARTIAL], name, b"bytes")
+            await a.spool.rename(q[State.PARTIAL], name, ready, name, 0, WHO)
+        assert await a.lookup(working, b"w") == a.ops._ino(w.id)  # noqa: SLF001
+        assert await a.lookup(w.id, b"f") == 0 and len(a.reads) == 2  # and read whole
+        assert await a.lookup(w.id, b"g") == 0 and a.reads == []
+        await a.spool.rename(ready, b"f", w.id, b"f", 0, WHO)
+        assert await a.lookup(w.id, b"f") != 0 and a.reads
+        assert await a.lookup(w.id, b"other") == 0 and a.reads == []
+        # claimed into it elsewhere: asked of the store once the change is seen
+        await b.follower.catch_up()
+        await b.spool.rename(ready, b"g", w.id, b"g", 0, WHO)
+        await a.follower.catch_up()
+        assert await a.lookup(w.id, b"g") != 0 and a.reads
+        # finished out of it here: free again with no read
+        await a.spool.rename(w.id, b"f", q[State.SUCCESS], b"f", 0, WHO)
+        assert await a.lookup(w.id, b"f") == 0 and a.reads == []
+        assert mid
 
 
 async def test_a_create_reads_its_directory_at_most_once_a_second_unless_it_changed(
@@ -188,44 +186,32 @@ async def test_a_create_reads_its_directory_at_most_once_a_second_unless_it_chan
     directory is read at most once a second: again at once after a change of it here (a
     ``chmod g+s``: the next file takes its group) or seen from another host; a queue
     removed elsewhere meanwhile refuses the create with ENOENT."""
-    monkeypatch.setattr(pyfuse3, "invalidate_entry_async", lambda *a, **k: None)
-    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda *a, **k: None)
-    a, b = SharedHost(pg_url, tmp_path / "a"), SharedHost(pg_url, tmp_path / "b")
-    try:
-        async with trio.open_nursery() as n:
-            await n.start(a.spool.committer.run)
-            await n.start(b.spool.committer.run)
-            qe = await a.spool.mkdir(1, b"q", 0o755, WHO)
-            ready = Q(a.spool, qe.id)[State.READY]
+    async with two_hosts(tmp_path, monkeypatch, pg_url) as (a, b, q):
+        ready = q[State.READY]
 
-            async def made(name: bytes) -> tuple[list[str], int]:
-                a.reads.clear()
-                e, h = await a.spool.create(ready, name, 0o644, WHO)
-                reads = list(a.reads)
-                await a.spool.close(h, WHO)
-                return reads, e.gid
+        async def made(name: bytes) -> tuple[list[str], int]:
+            a.reads.clear()
+            e, h = await a.spool.create(ready, name, 0o644, WHO)
+            reads = list(a.reads)
+            await a.spool.close(h, WHO)
+            return reads, e.gid
 
-            assert len((await made(b"f1"))[0]) == 1
-            assert (await made(b"f2"))[0] == []
-            await a.spool.setattr(ready, mode=0o2775, gid=123, who=WHO)
-            reads, gid = await made(b"f3")
-            assert len(reads) == 1 and gid == 123
-            assert (await made(b"f4"))[0] == []
-            await b.follower.catch_up()
-            await b.spool.setattr(ready, mode=0o755, who=WHO)
-            await a.follower.catch_up()
-            reads, gid = await made(b"f5")
-            assert len(reads) == 1 and gid == WHO.gid
-            monkeypatch.setattr(spool_core, "STRUCTURE_ROW_S", 0.0)
-            assert len((await made(b"f6"))[0]) == 1
-            monkeypatch.setattr(spool_core, "STRUCTURE_ROW_S", 60.0)
-            for name in (b"f1", b"f2", b"f3", b"f4", b"f5", b"f6"):
-                await b.spool.unlink(ready, name, WHO)
-            await b.spool.rmdir(1, b"q", WHO)
-            with pytest.raises(NotFound):
-                await a.spool.create(ready, b"late", 0o644, WHO)
-            a.spool.committer.close()
-            b.spool.committer.close()
-    finally:
-        a.store.close()
-        b.store.close()
+        assert len((await made(b"f1"))[0]) == 1
+        assert (await made(b"f2"))[0] == []
+        await a.spool.setattr(ready, mode=0o2775, gid=123, who=WHO)
+        reads, gid = await made(b"f3")
+        assert len(reads) == 1 and gid == 123
+        assert (await made(b"f4"))[0] == []
+        await b.follower.catch_up()
+        await b.spool.setattr(ready, mode=0o755, who=WHO)
+        await a.follower.catch_up()
+        reads, gid = await made(b"f5")
+        assert len(reads) == 1 and gid == WHO.gid
+        monkeypatch.setattr(spool_core, "STRUCTURE_ROW_S", 0.0)
+        assert len((await made(b"f6"))[0]) == 1
+        monkeypatch.setattr(spool_core, "STRUCTURE_ROW_S", 60.0)
+        for name in (b"f1", b"f2", b"f3", b"f4", b"f5", b"f6"):
+            await b.spool.unlink(ready, name, WHO)
+        await b.spool.rmdir(1, b"q", WHO)
+        with pytest.raises(NotFound):
+            await a.spool.create(ready, b"late", 0o644, WHO)
