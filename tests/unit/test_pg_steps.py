@@ -81,8 +81,8 @@ async def test_the_loop_answers_others_while_a_lookup_waits_on_the_server(
     assert _name(e) == b"q" and d is not None and d.id == 1 and _name(there) == b"q"
     e, d, there = await waited(r.rename_reads_steps(1, b"absent", 123456, b"q"))
     assert e is None and d is None and there is None
-    # a row by id (a create's directory, an attribute), and one with its content's blob
-    # row (an open), the same way
+    # a row by id (a create's directory, an attribute), one with its content's blob row
+    # (an open), a directory's subdirectories (its link count), the same way
     q = r.lookup(1, b"q")
     assert q is not None
     _lock(locked)
@@ -92,6 +92,7 @@ async def test_the_loop_answers_others_while_a_lookup_waits_on_the_server(
         async def get() -> None:
             by_id.append(await waited(r.get_steps(q.id)))
             by_id.append(await waited(r.get_with_blob_steps(q.id)))
+            by_id.append(await waited(r.subdirs_steps(1)))  # (a directory's link count)
 
         nursery.start_soon(get)
         for _ in range(10):
@@ -100,7 +101,7 @@ async def test_the_loop_answers_others_while_a_lookup_waits_on_the_server(
         assert by_id == []
         locked.rollback()
     assert ticks == 10 and _name(by_id[0]) == b"q"
-    assert _name(by_id[1][0]) == b"q" and by_id[1][1] is None
+    assert _name(by_id[1][0]) == b"q" and by_id[1][1] is None and by_id[2] == 1
     assert await waited(r.get_steps(123456)) is None
     assert await waited(r.get_with_blob_steps(123456)) == (None, None)
 

@@ -350,7 +350,7 @@ class Operations(pyfuse3.Operations):
             if entry is None:  # the kernel keeps the answer as long as a name (see TIMEOUT)
                 return self._absent()
             e = entry
-        return self._remember(e, self._attr(e))
+        return self._remember(e, self._attr(e, await self.spool.nlink(e)))
 
     @staticmethod
     def _absent(timeout: float = TIMEOUT) -> pyfuse3.EntryAttributes:
@@ -387,7 +387,7 @@ class Operations(pyfuse3.Operations):
             if gone is not None:
                 return self._still_written(sid, gone)
             raise NotFound()
-        return self._attr(e)
+        return self._attr(e, await self.spool.nlink(e))
 
     def _still_written(self, sid: int, gone: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
         """An unlinked upload still open takes writes (POSIX): its size and time are its

@@ -356,13 +356,24 @@ class SpoolCore:
         is 2 + its subdirectories, as on ext4. A queue always holds its five states. Other
         state directories than working/ may hold millions of messages: they report 1, the
         usual "not counted" (find and fts then look inside every directory)."""
+        counted = self._uncounted(e)
+        return counted if counted is not None else 2 + self.r.subdirs(e.id)
+
+    async def nlink(self, e: Entry) -> int:
+        """``nlink_of``; a count of subdirectories on a database server far enough away
+        with the loop answering other requests meanwhile (``steps``)."""
+        counted = self._uncounted(e)
+        return counted if counted is not None else 2 + await waited(self.r.subdirs_steps(e.id))
+
+    def _uncounted(self, e: Entry) -> int | None:
+        """A link count that needs no count of subdirectories (None: it needs one)."""
         if not is_dir(e):
             return e.refs or 1
         if e.kind == "queue":
             return 2 + len(rules.STATES)
         if e.kind == "state" and e.state is not State.WORKING:
             return 1
-        return 2 + self.r.subdirs(e.id)
+        return None
 
     @staticmethod
     def dir_kind(e: Entry) -> DirKind:

@@ -157,6 +157,10 @@ class ReadTx(abc.ABC):
         return [e.name for e in self.children(parent)[:limit]]
         yield
 
+    def subdirs_steps(self, parent: int) -> Steps[int]:
+        return self.subdirs(parent)
+        yield
+
     def get_steps(self, entry_id: int) -> Steps[Entry | None]:
         return self.get(entry_id)
         yield

@@ -220,6 +220,11 @@ def _found(rows: list[tuple[Any, ...]]) -> tuple[Entry | None, Entry | None, Ent
     return found[0], found[1], found[2]
 
 
+#: a directory's subdirectories, counted (its link count)
+_SUBDIRS = ("SELECT COUNT(*) FROM entries WHERE parent=%s AND hidden=0 "
+            "AND (mode & 61440)=16384")  # S_IFMT / S_IFDIR
+
+
 def _with_blob(rows: list[tuple[Any, ...]]) -> tuple[Entry | None, Blob | None]:
     """``_GET_WITH_BLOB``'s row: the entry, and its content's blob row."""
     if not rows:
@@ -301,9 +306,12 @@ class PgRead(ReadTx):
         return self.q1("SELECT 1 FROM entries WHERE parent=%s LIMIT 1", (parent,)) is not None
 
     def subdirs(self, parent: int) -> int:
-        row = self.q1("SELECT COUNT(*) FROM entries WHERE parent=%s AND hidden=0 "
-                      "AND (mode & 61440)=16384", (parent,))  # S_IFMT / S_IFDIR
-        return int(row[0]) if row else 0
+        rows = self.q(_SUBDIRS, (parent,))
+        return int(rows[0][0]) if rows else 0
+
+    def subdirs_steps(self, parent: int) -> Steps[int]:
+        rows = yield from self._steps(_SUBDIRS, (parent,))
+        return int(rows[0][0]) if rows else 0
 
     def subdirectories(self, parent: int) -> list[Entry]:
         return self._entries(f"{_SEL} WHERE e.parent=%s AND e.hidden=0 "
