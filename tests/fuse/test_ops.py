@@ -525,6 +525,22 @@ async def test_names_a_publish_makes_elsewhere_are_dropped_from_the_kernels_cach
     assert (success, b"dup") in fs.kernel.invalidated_entries
 
 
+async def test_a_link_whose_name_went_on_at_once_is_not_kept_by_the_kernel(fs: Fs) -> None:
+    """``ln f topic/ready/g``: the topic's message goes on to ``success/`` in the link's own
+    transaction, so the name the reply gives the kernel is gone already. Its entry has no
+    timeout: the kernel asks again rather than keep it until the daemon's drop of it lands
+    (which a loaded machine delays past the next ``stat``)."""
+    topic, success = fs[State.READY], fs[State.SUCCESS]
+    sub = await fs.ops.mkdir(pyfuse3.ROOT_INODE, b"sub", 0o755, Ctx())
+    src = await fs.upload(topic, b"src", b"x")
+    await fs.ops.setxattr(fs.queue, b"user.spool.policy.fanout", b"sub", Ctx())
+    attr = await fs.ops.link(src, topic, b"g", Ctx())
+    assert attr.entry_timeout == 0 and attr.st_ino != 0
+    assert await fs.names(success) == [b"g"] and sub.st_ino
+    plain = await fs.ops.link(src, fs[State.PARTIAL], b"h", Ctx())  # stays where made
+    assert plain.entry_timeout == ops_module.TIMEOUT
+
+
 async def test_an_upload_not_published_yet_is_not_read_through_a_name_still_cached(
         fs: Fs) -> None:
     """``mv`` of an upload still written into ``ready/``: the kernel holds the new name until

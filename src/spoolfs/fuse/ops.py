@@ -508,7 +508,12 @@ class Operations(pyfuse3.Operations):
         self._may(ctx, change=(self._sid(new_parent_inode),))
         e = await self.spool.link(self._sid(inode), self._sid(new_parent_inode), new_name,
                                   self._who(ctx))
-        return self._remember(e, self._attr(e))
+        attr = self._attr(e)
+        if (e.parent, e.name) != (self._sid(new_parent_inode), new_name):
+            # gone on in its own transaction (a topic's message to success/): the kernel
+            # must not keep the name until the drop of it lands
+            attr.entry_timeout = 0
+        return self._remember(e, attr)
 
     @_guard
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
