@@ -289,10 +289,16 @@ class Uploads(Publishing):
         """The upload into ``ready/`` that ``h`` writes, if it has not appeared yet."""
         if not h.writable or h.done:
             return None
-        if not (h.private or h.nfs or self.writer_locks.may_be_left(h.fd)):
+        if not self._may_be_hidden(h):
             return None  # in partial/ still: no rename left its publish to its writers
         e = self.r.get(h.entry_id)
         return e if e is not None and e.hidden else None
+
+    def _may_be_hidden(self, h: Handle) -> bool:
+        """Whether the upload ``h`` writes may be hidden, its publish left to its writers:
+        made hidden here, an NFS server's (whose client's renames it cannot tell), or marked
+        so by a rename (service/writers.py). False: its row needs no look."""
+        return h.private or h.nfs or self.writer_locks.may_be_left(h.fd)
 
     def writer_failed(self, h: Handle, why: str) -> None:
         """A process writing through ``h`` did not finish (``why``: it ``was killed by
@@ -352,7 +358,7 @@ class Uploads(Publishing):
                 await self._lease_from_now(h.lease_id, seen=h.lease_seen)
         if h.writable:  # (its share let go: a rename after this look publishes it itself)
             await self._writer_gone(h.entry_id, who, h.done, h.private,
-                                    left=h.private or self.writer_locks.may_be_left(h.fd))
+                                    left=self._may_be_hidden(h))
 
     async def _writer_gone(self, entry_id: int, who: Who, done: bool = False,
                            private: bool = False, left: bool = True) -> None:

@@ -102,6 +102,7 @@ CLIENT_CHECK = "SET client_connection_check_interval = 1000"
 _COLS = ", ".join(f"e.{c}" for c in ENTRY_COLUMNS)
 _ROW = f"{_COLS}, b.refcount FROM entries e LEFT JOIN blobs b ON b.id = e.blob"
 _SEL = f"SELECT {_ROW}"
+_GET = f"{_SEL} WHERE e.id=%s"
 _LOOKUP = f"{_SEL} WHERE e.parent=%s AND e.name=%s"
 #: an entry and its content's blob row in one round trip (an open's reads)
 _GET_WITH_BLOB = (f"SELECT {_COLS}, b.refcount, b.id, b.sha256, b.size, b.data FROM entries e "
@@ -250,7 +251,7 @@ class PgRead(ReadTx):
         return [Entry.from_row(r) for r in self.q(query, params)]
 
     def get(self, entry_id: int) -> Entry | None:
-        row = self.q1(f"{_SEL} WHERE e.id=%s", (entry_id,))
+        row = self.q1(_GET, (entry_id,))
         return Entry.from_row(row) if row else None
 
     def get_with_blob(self, entry_id: int) -> tuple[Entry | None, Blob | None]:
@@ -279,7 +280,7 @@ class PgRead(ReadTx):
         return [bytes(r[0]) for r in rows]
 
     def get_steps(self, entry_id: int) -> Steps[Entry | None]:
-        rows = yield from self._steps(f"{_SEL} WHERE e.id=%s", (entry_id,))
+        rows = yield from self._steps(_GET, (entry_id,))
         return Entry.from_row(rows[0]) if rows else None
 
     def get_with_blob_steps(self, entry_id: int) -> Steps[tuple[Entry | None, Blob | None]]:
