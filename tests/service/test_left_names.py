@@ -16,7 +16,7 @@ import trio
 from helpers.spool import WHO, Q, SharedHost, upload
 from spoolfs.core.errors import NotFound
 from spoolfs.core.rules import State
-from spoolfs.service import spool_core
+from spoolfs.service import left_names, spool_core
 from spoolfs.service.left_names import LeftNames
 
 
@@ -40,7 +40,8 @@ def test_a_change_frees_where_an_entry_was_and_takes_where_it_is() -> None:
 
 
 def test_a_directory_known_whole_answers_every_name_not_in_it() -> None:
-    names = LeftNames(dirs=2, dir_names=3)
+    now = [0.0]
+    names = LeftNames(dirs=2, dir_names=3, clock=lambda: now[0])
     assert not names.wanted(5)
     names.view(5)
     assert names.wanted(5) and (5, b"x") not in names
@@ -59,7 +60,9 @@ def test_a_directory_known_whole_answers_every_name_not_in_it() -> None:
     mark = names.mark()
     names.changes([(9, 5, b"z", 1, b"z")])
     names.learn(5, [], mark)
-    assert (5, b"z") not in names and names.wanted(5)
+    assert (5, b"z") not in names and not names.wanted(5)  # (read whole again in a second)
+    now[0] += left_names.AGAIN_S
+    assert names.wanted(5)
     names.learn(5, [b"z"], names.mark())
     assert (5, b"q") in names
     # more names than it may hold: forgotten, asked again
@@ -67,7 +70,9 @@ def test_a_directory_known_whole_answers_every_name_not_in_it() -> None:
     assert (5, b"q") not in names
     # too many to learn; the directory itself moved or removed
     names.learn(5, [b"a", b"b", b"c", b"d"], names.mark())
-    assert (5, b"q") not in names
+    assert (5, b"q") not in names and not names.wanted(5)  # (not before a minute)
+    now[0] += left_names.AGAIN_BIG_S
+    assert names.wanted(5)
     names.view(6)
     names.learn(6, [], names.mark())
     assert (6, b"q") in names

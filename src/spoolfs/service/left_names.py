@@ -19,8 +19,9 @@ is free with no read. A listing read while a change touched the directory is not
 from __future__ import annotations
 
 import itertools
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from spoolfs.store.base import ChangeRow
 
@@ -30,22 +31,27 @@ LIMIT = 50_000
 #: names one may hold (one holding more is forgotten)
 DIRS = 1000
 DIR_NAMES = 1000
+#: seconds before a view is read whole again after a listing not kept: changed meanwhile
+#: (a view others claim into), or holding more than DIR_NAMES
+AGAIN_S, AGAIN_BIG_S = 1.0, 60.0
 
 
 class LeftNames:
     """Called from the committer's thread and the event loop: each operation is one call
     on an ``OrderedDict`` (atomic under the GIL), never an iteration."""
 
-    def __init__(self, limit: int = LIMIT, dirs: int = DIRS, dir_names: int = DIR_NAMES
-                 ) -> None:
+    def __init__(self, limit: int = LIMIT, dirs: int = DIRS, dir_names: int = DIR_NAMES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = limit
+        self.clock = clock
         self.dirs = dirs
         self.dir_names = dir_names
         self._left: OrderedDict[tuple[int, bytes], None] = OrderedDict()
         #: directories known whole: their names
         self._whole: OrderedDict[int, set[bytes]] = OrderedDict()
-        #: directories worth knowing whole (consumers' views seen in lookups)
-        self._views: OrderedDict[int, None] = OrderedDict()
+        #: directories worth knowing whole (consumers' views seen in lookups), and when
+        #: each may be read whole next (a listing not kept waits: each costs a round trip)
+        self._views: OrderedDict[int, float] = OrderedDict()
         #: each change's number (``next`` is one call), and each directory's last one
         self._count = itertools.count(1)
         self._touched: dict[int, int] = {}
@@ -114,13 +120,13 @@ class LeftNames:
 
     def view(self, directory: int) -> None:
         """``directory`` is a consumer's view: worth knowing whole."""
-        self._views[directory] = None
+        self._views.setdefault(directory, 0.0)
         if len(self._views) > self.dirs:
             self._views.popitem(last=False)
 
     def wanted(self, directory: int) -> bool:
         """Whether to read ``directory`` whole (a view not known whole yet)."""
-        return directory in self._views and directory not in self._whole
+        return directory not in self._whole and self._views.get(directory, 1e300) <= self.clock()
 
     def mark(self) -> int:
         """Taken before a listing is read, for ``learn``."""
@@ -131,9 +137,15 @@ class LeftNames:
         the directory since (kept first, then checked: a change applied meanwhile either
         finds it kept, or is seen by the check)."""
         if len(names) > self.dir_names:
+            self._not_kept(directory, AGAIN_BIG_S)
             return
         self._whole[directory] = set(names)
         if len(self._whole) > self.dirs:
             self._whole.popitem(last=False)
         if self._touched.get(directory, self._floor) >= mark:
             self._whole.pop(directory, None)
+            self._not_kept(directory, AGAIN_S)
+
+    def _not_kept(self, directory: int, wait_s: float) -> None:
+        if directory in self._views:
+            self._views[directory] = self.clock() + wait_s
