@@ -9,12 +9,13 @@ import glob
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 import psycopg
+
+from helpers.ports import free_port, port_taken
 
 BIN_GLOB = "/usr/lib/postgresql/*/bin"
 USER = "postgres"
@@ -28,12 +29,6 @@ def bindir() -> str:
     return found[-1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PgServer:
     def __init__(self, durable: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="spoolfs-pg-"))
@@ -41,6 +36,7 @@ class PgServer:
         self.log = self.dir / "server.log"
         self.port = free_port()
         self.durable = durable
+        self._started = False
         self._names = itertools.count(1)
         shutil.chown(self.dir, USER)
         os.chmod(self.dir, 0o700)
@@ -58,7 +54,23 @@ class PgServer:
                                  f"{res.stdout.decode(errors='replace')}"
                                  f"{res.stderr.decode(errors='replace')}\n{log[-3000:]}")
 
-    def start(self) -> PgServer:
+    def start(self, attempts: int = 3) -> PgServer:
+        """Start the server. Its first start, where another listener took the port meanwhile,
+        starts again on another; a start after that keeps the port its clients know."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start()
+            except AssertionError as e:
+                if (self._started or attempt == attempts
+                        or not port_taken(str(e))):
+                    raise
+                self.port = free_port()
+                continue
+            self._started = True
+            return self
+        raise AssertionError("unreachable")
+
+    def _start(self) -> None:
         if not self.data.exists():
             self._check(self._as_user("initdb", "-D", str(self.data), "-A", "trust", "-U", USER,
                                       "--no-sync", "-E", "UTF8"), "initdb")
@@ -67,7 +79,6 @@ class PgServer:
             opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._check(self._as_user("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", opts,
                                   "-w", "-t", "60", "start"), "start")
-        return self
 
     def stop(self, mode: str = "fast") -> None:
         self._as_user("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")

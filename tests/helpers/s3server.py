@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,26 +18,11 @@ from pathlib import Path
 import boto3
 import botocore.config
 
+from helpers.ports import free_port, port_taken
+
 ACCESS_KEY = "spoolfs-test"
 SECRET_KEY = "spoolfs-test-secret"
 GRPC_OFFSET = 10000  # each HTTP port's gRPC twin
-
-
-def _free_port_pair() -> int:
-    """A port that is free, and whose gRPC twin (+10000) is free too."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + GRPC_OFFSET > 65535:
-            continue
-        with socket.socket() as t:
-            try:
-                t.bind(("127.0.0.1", port + GRPC_OFFSET))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no free pair of ports for the S3 server")
 
 
 def weed() -> str:
@@ -55,9 +39,13 @@ class S3Server:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="spoolfs-s3-"))
         self.log = self.dir / "weed.log"
-        self.ports = {k: _free_port_pair() for k in ("master", "volume", "filer", "s3", "admin")}
+        self.ports = self._new_ports()
         self.proc: subprocess.Popen[bytes] | None = None
         self._buckets = itertools.count(1)
+
+    @staticmethod
+    def _new_ports() -> dict[str, int]:
+        return {k: free_port(GRPC_OFFSET) for k in ("master", "volume", "filer", "s3", "admin")}
 
     @property
     def endpoint(self) -> str:
@@ -69,15 +57,29 @@ class S3Server:
                 "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1",
                 "AWS_EC2_METADATA_DISABLED": "true"}
 
-    def client(self) -> object:
+    def client(self, timeout: float = 10) -> object:
         return boto3.session.Session().client(
             "s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
             aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
-            config=botocore.config.Config(connect_timeout=2, read_timeout=10,
+            config=botocore.config.Config(connect_timeout=2, read_timeout=timeout,
                                           retries={"max_attempts": 1},
                                           s3={"addressing_style": "path"}))
 
-    def start(self, timeout: float = 60) -> S3Server:
+    def start(self, timeout: float = 60, attempts: int = 3) -> S3Server:
+        """Start the server; one whose port another listener took meanwhile starts again on
+        other ports."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start(timeout)
+            except AssertionError as e:
+                exited = self.proc is None or self.proc.poll() is not None
+                if attempt == attempts or not exited or not port_taken(str(e)):
+                    raise
+                shutil.rmtree(self.dir / "data", ignore_errors=True)
+                self.ports = self._new_ports()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> S3Server:
         config = self.dir / "identities.json"
         config.write_text(json.dumps({"identities": [{
             "name": "spoolfs", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
@@ -95,11 +97,15 @@ class S3Server:
                                          stdin=subprocess.DEVNULL, cwd=self.dir,
                                          start_new_session=True)
         deadline = time.monotonic() + timeout
-        c = self.client()
+        c = self.client(timeout=1)  # a probe: a port someone else holds may never answer
         while True:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the S3 server exited {self.proc.returncode}:\n"
                                      f"{self.log.read_text(errors='replace')[-3000:]}")
+            log = self.log.read_text(errors="replace")
+            if port_taken(log):  # it would give up only after 20 s of trying
+                self._stop()
+                raise AssertionError(f"the S3 server found a port taken:\n{log[-3000:]}")
             try:
                 c.list_buckets()  # type: ignore[attr-defined]
                 return self
@@ -116,6 +122,10 @@ class S3Server:
         return name
 
     def close(self) -> None:
+        self._stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -123,4 +133,3 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)

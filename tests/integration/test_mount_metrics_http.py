@@ -5,7 +5,6 @@ chromium, headless: its DOM and a phone-sized screenshot)."""
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import subprocess
 import time
@@ -16,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.mounts import Mount, MountFactory
+from helpers.ports import free_port
 from helpers.procs import fails, ok, spoolfs_cli
 from helpers.queues import Queue
 from helpers.waiting import patience, wait_until
@@ -29,15 +29,9 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-component-update", "--disable-sync")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def served(mounter: MountFactory, tmp_path: Path) -> Iterator[tuple[Mount, str]]:
-    port = _free_port()
+    port = free_port()
     m = mounter(tmp_path / "store", tmp_path / "mnt",
                 extra=["--metrics-listen", f"127.0.0.1:{port}"])
     yield m, f"http://127.0.0.1:{port}"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.mounts import Mount, MountFactory, mounted
+from helpers.ports import free_port
 from helpers.procs import ok, one_line_error, spoolfs_cli
 from helpers.queues import Queue, make_content
 from helpers.waiting import wait_until
@@ -153,15 +154,9 @@ def _listening(port: int) -> list[str]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_metrics_without_a_host_listen_on_loopback_only(mounter: MountFactory,
                                                          tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     mounter(tmp_path / "store", tmp_path / "mnt", extra=["--metrics-listen", f":{port}"])
     assert _listening(port) == ["0100007F"]  # 127.0.0.1, and nothing else
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.mounts import Mount, MountFactory
+from helpers.ports import free_port
 from helpers.procs import fails, ok, spoolfs_cli
 from helpers.queues import Queue
 from helpers.waiting import stretched, wait_until
@@ -194,14 +194,8 @@ def test_request_counters_and_latency_histograms_move(mount: Mount, tmp_path: Pa
     assert doc["requests"]["rename"]["count"] >= 3 and doc["requests"]["rename"]["seconds"] > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_metrics_over_http(mounter: MountFactory, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     m = mounter(tmp_path / "store", tmp_path / "mnt",
                 extra=["--metrics-listen", f"127.0.0.1:{port}"])
     q = Queue.create(m.path, "q", tmp_path / "scratch")
