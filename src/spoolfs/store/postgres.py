@@ -10,6 +10,9 @@ transaction on a connection of the pool, so a cancelled caller never leaves one 
   each savepoint go to the server with the next statement, in its round trip.
 - Moves are compare-and-set (``UPDATE … WHERE id AND parent AND name``): under READ COMMITTED
   a second mover waits for the first to commit, then finds the row moved and changes nothing.
+  A move's outcome is foreseen, and the move sent with the transaction's next round trip (its
+  commit's, for a claim): a wrong guess fails the transaction, and the batch runs again with
+  every statement answered (``PgWrite.move``, ``_Foreseen``).
 - ``durable=True`` commits with ``synchronous_commit=on``; uploads in progress may skip the
   wait for the log flush.
 - Each transaction that changes what ``ls``/``stat``/``getfattr`` show appends to ``changes``
