@@ -950,14 +950,13 @@ class RoundTrips:
         self.trace.close()
 
 
-async def test_a_claim_on_a_database_server_is_two_round_trips_and_a_publish_three(
+async def test_a_claim_on_a_database_server_is_three_round_trips_and_a_publish_four(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
     """Each round trip is a wait on a server that may be on another machine, and a claim's
     rename holds the kernel's rename lock through all of them: its reads (the message, the
-    directory it goes into, what has its name there), then its transaction in one message,
-    begun, the move (which takes the name only if it is still free: no lookup first, its
-    outcome foreseen) and the commit. A publish takes and attaches its content in one more,
-    which the move goes with. Counted in what libpq sends on
+    directory it goes into, what has its name there), then its transaction, begun with the
+    move (which takes the name only if it is still free: no lookup first), and the commit.
+    A publish takes and attaches its content in one more. Counted in what libpq sends on
     every connection of the store, once each statement is prepared. A name taken there is
     still replaced or refused as the rules say."""
     from spoolfs.store.postgres import PostgresStore
@@ -971,13 +970,13 @@ async def test_a_claim_on_a_database_server_is_two_round_trips_and_a_publish_thr
             second = await upload(spool, q[State.PARTIAL], b"g", b"more")
             await spool.rename(q[State.PARTIAL], b"g", q[State.READY], b"g", 0, WHO)
             await spool.rename(q[State.READY], b"f", w1.id, b"f", 0, WHO)  # all prepared
-            assert await waits(spool.rename(q[State.READY], b"g", w1.id, b"g", 0, WHO)) == 2
+            assert await waits(spool.rename(q[State.READY], b"g", w1.id, b"g", 0, WHO)) == 3
             assert spool.get(second).parent == w1.id
-            # a publish: its reads, the move (with the begin) and the content taken and
+            # a publish: its reads, the move (with the begin), the content taken and
             # attached, the commit
             await upload(spool, q[State.PARTIAL], b"p", b"published")
             assert await waits(spool.rename(q[State.PARTIAL], b"p", q[State.READY], b"p", 0,
-                                            WHO)) == 3
+                                            WHO)) == 4
             # a name taken there: NOREPLACE refuses, a plain rename replaces (finished work)
             third = await upload(spool, q[State.PARTIAL], b"h", b"third")
             await spool.rename(q[State.PARTIAL], b"h", q[State.READY], b"h", 0, WHO)
@@ -1002,7 +1001,7 @@ async def test_a_shared_store_keeps_small_content_in_its_database(
     that publishes it, on a store shared by several hosts too: no object stored first (an
     upload to S3, or a file placed and synced in a shared directory), no reads or id
     reserved for one, and nothing to fetch on another host before reading it. A publish
-    is then three round trips, as with the embedded store's layout. Larger content is still
+    is then four round trips, as with the embedded store's layout. Larger content is still
     stored in the blob store first, under an id reserved for it."""
     from spoolfs.blobs.s3 import S3Blobs
     from spoolfs.store.postgres import PostgresStore
@@ -1028,7 +1027,7 @@ async def test_a_shared_store_keeps_small_content_in_its_database(
             stored.clear()
             sid = await upload(spool, q[State.PARTIAL], b"small", small)
             assert await trips.of(spool.rename(q[State.PARTIAL], b"small", q[State.READY],
-                                               b"small", 0, WHO)) == 3
+                                               b"small", 0, WHO)) == 4
             assert stored == []
             blob = spool.r.blob(spool.get(sid).blob)  # type: ignore[arg-type]
             assert blob is not None and blob.data == small

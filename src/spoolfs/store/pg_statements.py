@@ -24,10 +24,7 @@ client's statement of the same name is never run by mistake (it is an error inst
 
 Commands that return no rows and need no answer of their own (a transaction's ``BEGIN`` and
 settings, a savepoint) wait for the next statement and go with it in one pipeline: on a
-server 3 ms away a transaction that took four round trips takes three. So does a statement
-whose outcome the caller foresaw (``ahead_statement``: a move that fails the transaction
-unless it moved as foreseen), bound here as psycopg's ``ClientCursor`` binds, or with the
-commit.
+server 3 ms away a transaction that took four round trips takes three.
 """
 
 from __future__ import annotations
@@ -58,9 +55,6 @@ MAX_PREPARED = 200
 #: the class of SQLSTATEs that says the query cannot be prepared as sent (42P18: a
 #: parameter whose type the server cannot tell; 42883, 42725: no function or operator for it)
 _CANNOT_PREPARE = "42"
-
-#: how a command or a statement kept ahead ends well (the latter's rows are not read)
-_DONE = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 
 _Key = tuple[str, tuple[int, ...]]
 #: the start of this process's statement names (see above)
@@ -143,7 +137,7 @@ class Statements:
         #: next statement, in the same round trip (``ahead``)
         self.pending: list[bytes] = []
         self.pgconn = conn.pgconn
-        self.encoding = conn.info.encoding
+        self._encoding = conn.info.encoding
         conn.prepare_threshold = None  # (see above: never DEALLOCATE ALL; the engine's
         # connections are made so, before psycopg can have prepared anything on them)
         self._load = Transformer(conn)
@@ -153,11 +147,6 @@ class Statements:
         #: whether anything went to the server and came back (a connection that breaks
         #: before has done nothing there)
         self.answered = False
-        #: how many of ``pending`` are statements (``ahead_statement``), not commands
-        self.statements_ahead = 0
-        #: how many times ``pending`` went to the server (``mark``, ``drop_since``)
-        self.sent = 0
-        self._client: psycopg.ClientCursor[Any] | None = None
 
     def run(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.conn.wait(self._statement(query, params))
@@ -167,59 +156,6 @@ class Statements:
         pipeline), or by ``send_pending``: a transaction's ``BEGIN`` and its settings, a
         function's savepoint. An error in them fails that statement."""
         self.pending.extend(commands)
-
-    def ahead_statement(self, query: str, params: Sequence[Any]) -> None:
-        """A statement whose rows nobody reads, sent as ``ahead``'s commands are: with the
-        next statement, or with the commit (``take_pending``). Its values are bound here, as
-        psycopg's ``ClientCursor`` binds (a command carries no parameters), into an
-        ``EXECUTE`` of the query prepared on the connection (prepared now the first time):
-        the server plans it as it plans the statement run with its answer, where the query
-        sent whole would be parsed and planned each time (0.2-0.3 ms of the server's CPU)."""
-        if self._client is None:
-            self._client = psycopg.ClientCursor(self.conn)
-        name: bytes | None = None
-        try:
-            for v in params:
-                _text(v, self.encoding)
-        except _NotText:
-            pass
-        else:
-            key = (query, tuple(_BYTEA if type(v) is bytes else _LEFT_TO_SERVER for v in params))
-            name = self._names.get(key, b"")
-            if name == b"":
-                name = self.conn.wait(self._preparing(key))
-        if name is not None:
-            query = f"EXECUTE {name.decode()}({', '.join(['%s'] * len(params))})"
-        self.pending.append(self._client.mogrify(cast(Any, query), params).encode(
-            self.encoding))
-        self.statements_ahead += 1
-
-    def forget_prepared(self) -> None:
-        """The connection's statements were dropped (``DEALLOCATE``): made again."""
-        self._names.clear()
-
-    def mark(self) -> tuple[int, int]:
-        """Where ``pending`` stands: a function's start (``drop_since``)."""
-        return self.sent, len(self.pending)
-
-    def drop_since(self, mark: tuple[int, int]) -> bool:
-        """Drop what was kept ahead since ``mark``; True if nothing of it, nor what was kept
-        before it, went to the server meanwhile (nothing of the function is there)."""
-        if self.sent == mark[0]:
-            del self.pending[mark[1]:]
-            return True
-        self.pending.clear()
-        self.statements_ahead = 0
-        return False
-
-    def take_pending(self) -> bytes:
-        """What ``ahead`` kept, as one text that goes first in the caller's own message (the
-        commit's): taken as sent."""
-        text = b"; ".join(self.pending)
-        self.pending = []
-        self.statements_ahead = 0
-        self.sent += 1
-        return text
 
     def send_pending(self) -> None:
         """The commands ``ahead`` kept, sent now (their own round trip)."""
@@ -237,7 +173,7 @@ class Statements:
     def _statement(self, query: str, params: Sequence[Any]) -> PQGen[list[tuple[Any, ...]]]:
         """A statement as psycopg's generators are: what it waits for is yielded."""
         try:
-            values = [_text(v, self.encoding) for v in params]
+            values = [_text(v, self._encoding) for v in params]
         except _NotText:
             yield from self._send_pending()
             return self._by_cursor(query, params)
@@ -261,8 +197,6 @@ class Statements:
         """The pending commands, then the prepared statement ``name``: one round trip."""
         pg = self.pgconn
         commands, self.pending = self.pending, []
-        self.statements_ahead = 0
-        self.sent += 1
         pg.enter_pipeline_mode()
         try:
             for command in commands:
@@ -283,7 +217,7 @@ class Statements:
                     self.conn.close()
         self.answered = True
         for res in results[:-1]:
-            if not res or res[-1].status not in _DONE:
+            if not res or res[-1].status != pq.ExecStatus.COMMAND_OK:
                 raise self._error(res[-1]) if res else psycopg.OperationalError(
                     "no result from the server")
         if not results[-1]:
@@ -293,8 +227,6 @@ class Statements:
     def _send_pending(self) -> PQGen[None]:
         if self.pending:
             commands, self.pending = self.pending, []
-            self.statements_ahead = 0
-            self.sent += 1
             yield from self._simple(b"; ".join(commands))
             self.answered = True
 
@@ -310,12 +242,12 @@ class Statements:
     def _error(self, res: pq.abc.PGresult) -> psycopg.Error:
         if self.pgconn.status == pq.ConnStatus.BAD:  # the server went away meanwhile: the
             # connection's message says why first (its session ended: FATAL ...)
-            return psycopg.OperationalError(self.pgconn.get_error_message(self.encoding))
+            return psycopg.OperationalError(self.pgconn.get_error_message(self._encoding))
         if res.status != pq.ExecStatus.FATAL_ERROR:
             return psycopg.InterfaceError(f"unexpected result from the server: {res.status}")
-        e = psycopg.errors.error_from_result(res, encoding=self.encoding)
+        e = psycopg.errors.error_from_result(res, encoding=self._encoding)
         if isinstance(e, psycopg.errors.InvalidSqlStatementName):
-            self.forget_prepared()
+            self._names.clear()  # its statements were dropped (DEALLOCATE): made again
         return e
 
     def _preparing(self, key: _Key) -> PQGen[bytes | None]:
@@ -347,7 +279,7 @@ class Statements:
     def _simple(self, command: bytes) -> PQGen[None]:
         self.pgconn.send_query(command)
         for res in (yield from generators.execute(self.pgconn)):
-            if res.status not in _DONE:
+            if res.status != pq.ExecStatus.COMMAND_OK:
                 raise self._error(res)
 
     def _by_cursor(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

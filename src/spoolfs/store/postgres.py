@@ -10,9 +10,6 @@ transaction on a connection of the pool, so a cancelled caller never leaves one 
   each savepoint go to the server with the next statement, in its round trip.
 - Moves are compare-and-set (``UPDATE … WHERE id AND parent AND name``): under READ COMMITTED
   a second mover waits for the first to commit, then finds the row moved and changes nothing.
-  A move's outcome is foreseen, and the move sent with the transaction's next round trip (its
-  commit's, for a claim): a wrong guess fails the transaction, and the batch runs again with
-  every statement answered (``PgWrite.move``, ``_Foreseen``).
 - ``durable=True`` commits with ``synchronous_commit=on``; uploads in progress may skip the
   wait for the log flush.
 - Each transaction that changes what ``ls``/``stat``/``getfattr`` show appends to ``changes``
@@ -27,7 +24,6 @@ transaction on a connection of the pool, so a cancelled caller never leaves one 
 from __future__ import annotations
 
 import logging
-import select
 import threading
 import time
 import uuid
@@ -177,20 +173,6 @@ def _rollback(conn: psycopg.Connection[Any]) -> None:
 
 class _FirstTripFailed(Exception):
     """A batch's connection broke at its first round trip: nothing was done on it."""
-
-
-class _Foreseen(Exception):
-    """A statement sent ahead (``PgWrite.move``) failed its transaction, which the server
-    has undone whole: the batch runs again, every statement answered before the next."""
-
-
-def _stale(conn: psycopg.Connection[Any]) -> bool:
-    """Whether an idle connection's socket has something to read: its server said it ended
-    the session (a restart), or closed it. A local check, no round trip."""
-    try:
-        return bool(select.select([conn.pgconn.socket], [], [], 0)[0])
-    except (OSError, ValueError, psycopg.Error):
-        return True
 
 
 class IntegrityError(ValueError):
@@ -451,12 +433,8 @@ def _sets(fields: dict[str, Any]) -> tuple[str, list[Any]]:
 class PgWrite(PgRead, WriteTx):
     """Inside one transaction; records what changed for the change log."""
 
-    def __init__(self, run: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]],
-                 ahead: Callable[[str, Sequence[Any]], None] | None = None) -> None:
+    def __init__(self, run: Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]) -> None:
         super().__init__(run)
-        #: where a move whose outcome is foreseen waits for the transaction's next round
-        #: trip (``move``); None: every statement waits for its own answer
-        self._ahead = ahead
         self.changed: list[ChangeRow] = []
         #: history rows, written with the change rows in the commit's statement (nothing in a
         #: transaction reads them back); an entry's ``drop_history`` as ``(entry, None, ...)``.
@@ -539,31 +517,21 @@ class PgWrite(PgRead, WriteTx):
         now = time.time_ns()
         taken = ("AND NOT EXISTS (SELECT 1 FROM entries t WHERE t.parent=%s AND t.name=%s "
                  "AND t.id <> %s) " if free else "")
-        query = (f"WITH m AS (UPDATE entries SET {sets} FROM entries was "
-                 "WHERE was.id = entries.id AND entries.id=%s AND entries.parent=%s "
-                 f"AND entries.name=%s {taken}"
-                 "RETURNING was.hidden AS was, entries.hidden AS now), "
-                 + _stamping("SELECT d FROM m, unnest(ARRAY["
-                             "CASE WHEN m.was = 0 THEN %s::bigint END, "
-                             "CASE WHEN m.now = 0 THEN %s::bigint END]) AS d "
-                             "WHERE d IS NOT NULL"))
-        params = [new_parent, new_name, *vals, entry_id, parent, name,
-                  *((new_parent, new_name, entry_id) if free else ()), now, now, parent,
-                  new_parent]
-        if self._ahead is not None:
-            # Foreseen: the row is where the caller read it, a name (not hidden), and
-            # hidden afterwards only if the move hides it. The statement waits for the
-            # transaction's next round trip (the commit's, for a claim or a finish), and
-            # fails it, by a division by zero, unless it moved as foreseen: the engine
-            # then runs the batch again with every statement answered (``_Foreseen``).
-            was_hidden, now_hidden = 0, int(bool(fields.get("hidden", 0)))
-            self._ahead(query + " SELECT 1 / (count(*) = 1 AND bool_and(was = %s AND "
-                        "now = %s))::int FROM m", [*params, was_hidden, now_hidden])
-        else:
-            rows = self.q(query + " SELECT was, now FROM m", params)
-            if len(rows) != 1:
-                return False
-            was_hidden, now_hidden = rows[0]
+        rows = self.q(f"WITH m AS (UPDATE entries SET {sets} FROM entries was "
+                      "WHERE was.id = entries.id AND entries.id=%s AND entries.parent=%s "
+                      f"AND entries.name=%s {taken}"
+                      "RETURNING was.hidden AS was, entries.hidden AS now), "
+                      + _stamping("SELECT d FROM m, unnest(ARRAY["
+                                  "CASE WHEN m.was = 0 THEN %s::bigint END, "
+                                  "CASE WHEN m.now = 0 THEN %s::bigint END]) AS d "
+                                  "WHERE d IS NOT NULL") +
+                      " SELECT was, now FROM m",
+                      [new_parent, new_name, *vals, entry_id, parent, name,
+                       *((new_parent, new_name, entry_id) if free else ()), now, now, parent,
+                       new_parent])
+        if len(rows) != 1:
+            return False
+        was_hidden, now_hidden = rows[0]
         self._stamped(None if was_hidden else parent, None if now_hidden else new_parent)
         self._changed(entry_id, new_parent, new_name, parent, name)
         return True
@@ -692,15 +660,10 @@ def _runner(statements: Statements  # (the transaction's: each statement's rows 
             ) -> Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]:
 
     def run(query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        ahead = statements.statements_ahead
         try:
             return statements.run(query, params)
-        except psycopg.Error as e:
-            if ahead and not isinstance(e, psycopg.OperationalError):
-                raise _Foreseen() from e  # (a statement sent ahead, or this one: run again)
-            if isinstance(e, psycopg.errors.IntegrityError):
-                raise IntegrityError(str(e).splitlines()[0]) from e
-            raise
+        except psycopg.errors.IntegrityError as e:
+            raise IntegrityError(str(e).splitlines()[0]) from e
     return run
 
 
@@ -985,32 +948,26 @@ class PostgresStore(Store):
         if not durable:
             begin.append(b"SET LOCAL synchronous_commit = off")
         begin.append(b"SAVEPOINT op")
-        foresee = True
-        failed = 0
-        while True:
+        for attempt in range(POOL_MAX + 1):
             with self._conn() as conn:
                 statements = Statements(conn)
                 statements.ahead(*begin)
                 try:
-                    return self._run(conn, statements, fns, foresee)
+                    return self._run(conn, statements, fns)
                 except _FirstTripFailed as e:
                     # A connection the server dropped (a restart) fails at its first round
                     # trip, before any work: the pool discards it, and the batch runs on
                     # another one. (The pool checks no connection it hands out: a check is
                     # a round trip.)
-                    failed += 1
-                    if failed > POOL_MAX:
+                    if attempt == POOL_MAX:
                         raise unavailable(e.__cause__ or e) from e
-                except _Foreseen as e:
-                    log.debug("a batch runs again, every statement answered: %s", e.__cause__)
-                    foresee = False
+        raise AssertionError("unreachable")
 
     def _run(self, conn: psycopg.Connection[Any], statements: Statements,
-             fns: Sequence[Callable[[WriteTx], Any]], foresee: bool) -> list[tuple[bool, Any]]:
-        """The batch, in the transaction ``statements`` begins on ``conn``; with
-        ``foresee``, a move whose outcome is foreseen waits for the next round trip."""
+             fns: Sequence[Callable[[WriteTx], Any]]) -> list[tuple[bool, Any]]:
+        """The batch, in the transaction ``statements`` begins on ``conn``."""
         results: list[tuple[bool, Any]] = []
-        tx = PgWrite(_runner(statements), statements.ahead_statement if foresee else None)
+        tx = PgWrite(_runner(statements))
         try:
             for i, fn in enumerate(fns):
                 if i:
@@ -1018,8 +975,6 @@ class PostgresStore(Store):
                 results.append(self._one(statements, tx, fn))
             try:
                 self._commit(conn, statements, tx)
-            except _Foreseen:
-                raise  # (undone by the server: nothing committed)
             except BaseException:
                 if self.on_commit is not None and tx.changed:
                     self.on_commit(tx.changed, False)
@@ -1042,7 +997,7 @@ class PostgresStore(Store):
         """Run ``fn`` inside savepoint ``op`` (asked for by the caller). Rolling back to a
         savepoint keeps it: a function run again starts from the same one."""
         for attempt in range(1, RETRIES + 1):
-            mark = tx.mark(), statements.mark()
+            mark = tx.mark()
             try:
                 return True, fn(tx)
             except _LOST as e:  # another host's transaction was in the way
@@ -1062,14 +1017,12 @@ class PostgresStore(Store):
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _undo(statements: Statements, tx: PgWrite,
-              mark: tuple[tuple[int, int], tuple[int, int]]) -> None:
-        """Back to savepoint ``op``: what the function kept ahead is dropped, and where
-        nothing went to the server since it began (its savepoint still waits to be sent),
-        nothing of it is there."""
-        if not statements.drop_since(mark[1]):
+    def _undo(statements: Statements, tx: PgWrite, mark: tuple[int, int]) -> None:
+        """Back to savepoint ``op``: where the function sent nothing (its savepoint still
+        waits to be sent), nothing of it is on the server."""
+        if not statements.pending:
             statements.run("ROLLBACK TO op")
-        tx.undo(mark[0])
+        tx.undo(mark)
 
     def _commit(self, conn: psycopg.Connection[Any], statements: Statements, tx: PgWrite
                 ) -> None:
@@ -1083,19 +1036,7 @@ class PostgresStore(Store):
         calls the session's function (pg_schema.COMMIT_FUNCTION) where it was made, and
         says it all where not."""
         history = tx.history_rows()
-        if statements.statements_ahead and not statements.answered and _stale(conn):
-            # (a session the server ended: failing here, before any COMMIT, the batch goes
-            # to another connection)
-            try:
-                statements.send_pending()
-            except psycopg.Error as e:
-                if isinstance(e, psycopg.OperationalError):
-                    raise
-                raise _Foreseen() from e
-        ahead = b""
-        if statements.statements_ahead:  # they go first in the commit's message
-            ahead = statements.take_pending() + b"; "
-        elif not statements.answered:  # nothing sent yet
+        if not statements.answered:  # nothing sent yet
             if not history:
                 statements.pending.clear()  # no transaction to end
                 return
@@ -1127,31 +1068,12 @@ class PostgresStore(Store):
                          + (f", {noted} " if history else "") + "SELECT pg_notify(%s, %s)")
                 params = [schema.LOCK_CHANGES, self.origin, *changes, *columns,
                           schema.CHANNEL, self.origin]
-        cur = psycopg.ClientCursor(conn)
-        if ahead:
-            # one message: whatever was kept ahead (the transaction's BEGIN too, where
-            # nothing was sent before), the commit's statement and the COMMIT. Sent, it may
-            # have committed whatever comes back: never run again elsewhere.
-            statements.answered = True
-            message: Any = ahead + cur.mogrify(cast(Any, query), params).encode(
-                statements.encoding) + b"; COMMIT"
-            bound: list[Any] | None = None
-        else:
-            message, bound = query + "; COMMIT", params
         try:
-            cur.execute(message, bound)
+            psycopg.ClientCursor(conn).execute(cast(Any, query + "; COMMIT"), params)
         except psycopg.errors.UndefinedFunction:
             if by_function:  # the session lost its temporary objects (something between this
                 # daemon and the server reset it): this batch fails, its next ones say it all
                 _WITH_COMMIT_FUNCTION.discard(conn)
-            if ahead:
-                raise _Foreseen() from None
-            raise
-        except psycopg.Error as e:
-            if isinstance(e, psycopg.errors.InvalidSqlStatementName):
-                statements.forget_prepared()  # (an EXECUTE kept ahead)
-            if ahead and not isinstance(e, psycopg.OperationalError):
-                raise _Foreseen() from e
             raise
 
     def reserve_blob_id(self) -> int:
