@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from helpers.pgserver import PgServer
-from helpers.ports import _ephemeral_start, free_port
+from helpers.ports import RESERVED, _ephemeral_start, free_port
 from helpers.s3server import GRPC_OFFSET, S3Server
 
 
@@ -23,6 +25,7 @@ def test_free_ports_are_below_the_ephemeral_range_with_their_twins() -> None:
     for _ in range(50):
         port = free_port(GRPC_OFFSET)
         assert port >= 1024 and port + GRPC_OFFSET < _ephemeral_start()
+        assert not {port, port + GRPC_OFFSET} & RESERVED  # (the NFS server's)
 
 
 def test_an_s3_server_whose_port_was_taken_starts_on_another() -> None:
@@ -50,3 +53,14 @@ def test_a_postgresql_server_whose_port_was_taken_starts_on_another() -> None:
             assert server.port != taken and server.running()
         finally:
             server.close()
+
+
+def test_the_nfs_servers_ports_are_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NFS server of the suite takes 2049 (and 20048) by number: a port, or a twin,
+    drawn there is passed over even while it is free."""
+    import helpers.ports as ports
+
+    drawn = iter([2049, 20048 - GRPC_OFFSET, 3001])
+    monkeypatch.setattr(ports.random, "randint", lambda a, b: next(drawn))
+    monkeypatch.setattr(ports, "_is_free", lambda port: True)
+    assert free_port(GRPC_OFFSET) == 3001
