@@ -19,6 +19,7 @@ is free with no read. A listing read while a change touched the directory is not
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -126,7 +127,7 @@ class LeftNames:
 
     def wanted(self, directory: int) -> bool:
         """Whether to read ``directory`` whole (a view not known whole yet)."""
-        return directory not in self._whole and self._views.get(directory, 1e300) <= self.clock()
+        return directory not in self._whole and self._views.get(directory, math.inf) <= self.clock()
 
     def mark(self) -> int:
         """Taken before a listing is read, for ``learn``."""

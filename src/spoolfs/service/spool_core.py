@@ -77,6 +77,8 @@ STRUCTURE = frozenset(("queue", "state", "consumer"))
 #: seconds a shared store's structure row read for a create is used again (as the kernel
 #: keeps attributes), unless a change of it is seen first
 STRUCTURE_ROW_S = 1.0
+#: structure rows kept at most (more are read again: a spool has far fewer directories)
+STRUCTURE_ROWS = 10_000
 
 
 def _shown(e: Entry | None) -> Entry:
@@ -210,7 +212,7 @@ class SpoolCore:
             raise NotFound(f"no entry {entry_id}")
         if self.left_names is not None and e.kind in STRUCTURE:
             self._structure[entry_id] = (e, read)
-            if len(self._structure) > 10_000:
+            if len(self._structure) > STRUCTURE_ROWS:
                 self._structure.clear()
         return e
 
